@@ -1,0 +1,21 @@
+# xtrain: each recipe in recipes/ becomes prepared data -> plan.json -> checkpoint -> evaluation report.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/models.smk"
+include: "rules/prepare.smk"
+include: "rules/plan.smk"
+include: "rules/train.smk"
+include: "rules/evaluate.smk"
+
+
+rule all:
+    input:
+        expand("reports/{recipe}/eval.json", recipe=sorted(RECIPES)),
+    default_target: True

@@ -1,0 +1,20 @@
+rule train:
+    input:
+        model=model_dir,
+        prepared="prepared/{recipe}",
+        plan="plans/{recipe}/plan.json",
+    output:
+        directory("checkpoints/{recipe}"),
+    params:
+        recipe=recipe_slice("train"),
+        work_dir="runs/{recipe}",
+    threads: workflow.cores
+    resources:
+        mem_mb=planned("mem_mb", 4096),
+        runtime=planned("runtime", 60),
+    log:
+        "logs/{recipe}/train.log",
+    conda:
+        train_env
+    script:
+        "../scripts/dispatch.py"

@@ -1,0 +1,22 @@
+"""Rule train: the one dispatch script for every backend (looked up by train.backend)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain.recipe import Hardware, Train
+from xtrain.stage import run_stage
+from xtrain.train import run_training
+
+recipe = snakemake.params.recipe
+run_stage(
+    snakemake.log[0],
+    lambda: run_training(
+        model_dir=Path(snakemake.input.model),
+        prepared_dir=Path(snakemake.input.prepared),
+        plan_path=Path(snakemake.input.plan),
+        train=Train.model_validate(recipe["train"]),
+        hardware=Hardware.model_validate(recipe["hardware"]),
+        out=Path(snakemake.output[0]),
+        work_dir=Path(snakemake.params.work_dir),
+    ),
+)

@@ -1,0 +1,19 @@
+"""Rule evaluate: base vs tuned held-out loss and perplexity -> eval.json."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain.evaluate import evaluate
+from xtrain.recipe import Eval
+from xtrain.stage import run_stage
+
+run_stage(
+    snakemake.log[0],
+    lambda: evaluate(
+        model_dir=Path(snakemake.input.model),
+        checkpoint_dir=Path(snakemake.input.checkpoint),
+        prepared_dir=Path(snakemake.input.prepared),
+        settings=Eval.model_validate(snakemake.params.recipe["eval"]),
+        out=Path(snakemake.output[0]),
+    ),
+)

@@ -1,0 +1,23 @@
+"""Rule plan: model shape + data stats + hardware -> plan.json."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain.artifacts import read_json, write_json
+from xtrain.plan import make_plan
+from xtrain.recipe import Hardware, Train
+from xtrain.stage import run_stage
+
+
+def plan():
+    recipe = snakemake.params.recipe
+    result = make_plan(
+        model_dir=Path(snakemake.input.model),
+        manifest=read_json(Path(snakemake.input.prepared) / "manifest.json"),
+        train=Train.model_validate(recipe["train"]),
+        hardware=Hardware.model_validate(recipe["hardware"]),
+    )
+    write_json(snakemake.output[0], result)
+
+
+run_stage(snakemake.log[0], plan)

@@ -1,0 +1,18 @@
+"""Rule prepare: recipe data -> tokenized, masked train/eval splits + manifest.json."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain.data import prepare
+from xtrain.recipe import Data
+from xtrain.stage import run_stage
+
+run_stage(
+    snakemake.log[0],
+    lambda: prepare(
+        sources=[Path(p) for p in snakemake.input.sources],
+        model_dir=Path(snakemake.input.model),
+        data=Data.model_validate(snakemake.params.recipe["data"]),
+        out=Path(snakemake.output[0]),
+    ),
+)

@@ -1,0 +1,3 @@
+"""xtrain: reproducible LLM fine-tuning, one YAML recipe at a time."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,48 @@
+"""Writing pipeline outputs so that a crash never leaves a half-written one behind.
+
+Every stage builds its output in a temporary sibling and renames it into place only when complete;
+a failure removes the temporary and leaves whatever was there before untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def atomic_dir(final: str | Path) -> Iterator[Path]:
+    """Yield a fresh temporary folder that becomes `final` when the block succeeds."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.parent / f".{final.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_json(path: str | Path, value: Any) -> None:
+    """Write JSON through a temporary file and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())

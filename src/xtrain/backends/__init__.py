@@ -1,0 +1,57 @@
+"""Training lanes, looked up by the recipe's `train.backend`.
+
+A backend turns a `TrainJob` (recipe sections + plan + prepared data) into the checkpoint contract:
+HF-loadable weights (a PEFT adapter or a full model) and the tokenizer in `job.out`, and the training
+log it returns. `check` refuses, before anything is launched, a recipe field the lane cannot honour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import XtrainError
+from ..recipe import Data, Hardware, Train
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    model_dir: Path
+    prepared_dir: Path
+    plan: dict[str, Any]
+    train: Train
+    hardware: Hardware
+    out: Path  # staging folder that becomes checkpoints/<recipe>/
+    work_dir: Path  # trainer checkpoints, outside the declared output so a rerun resumes
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    log_history: list[dict[str, Any]]  # one dict per logged step, as the trainer reports it
+    tokens_seen: int
+    train_seconds: float
+
+
+class Backend(Protocol):
+    name: str
+
+    def check(self, train: Train, hardware: Hardware, data: Data | None = None) -> None: ...
+
+    def run(self, job: TrainJob) -> TrainResult: ...
+
+
+def _registry() -> dict[str, Backend]:
+    from .trl_cpu import TrlCpu
+
+    return {backend.name: backend for backend in (TrlCpu(),)}
+
+
+def get_backend(name: str) -> Backend:
+    registry = _registry()
+    if name not in registry:
+        raise XtrainError(
+            f"train.backend {name!r} is not available yet in this version of xtrain; "
+            f"available: {', '.join(sorted(registry))}"
+        )
+    return registry[name]

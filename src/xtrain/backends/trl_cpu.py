@@ -1,0 +1,95 @@
+"""`trl_cpu`: TRL's SFTTrainer with a PEFT LoRA (or a full fine-tune), in-process on the CPU."""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import XtrainError
+from ..recipe import Data, Hardware, Train
+from . import TrainJob, TrainResult
+
+
+def last_checkpoint(work_dir) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
+
+
+class TrlCpu:
+    name = "trl_cpu"
+
+    def check(self, train: Train, hardware: Hardware, data: Data | None = None) -> None:
+        if hardware.accelerator != "cpu":
+            raise XtrainError(
+                f"train.backend trl_cpu trains on the CPU, but hardware.accelerator is {hardware.accelerator!r}: "
+                "set hardware.accelerator: cpu and gpus: 0, or use backend trl_local"
+            )
+        if hardware.nodes != 1:
+            raise XtrainError("train.backend trl_cpu runs one process: set hardware.nodes: 1")
+
+    def run(self, job: TrainJob) -> TrainResult:
+        import torch
+        from datasets import Dataset
+        from peft import LoraConfig
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from trl import SFTConfig, SFTTrainer
+
+        train, plan = job.train, job.plan
+        if plan["precision"] != "fp32":
+            raise XtrainError(f"plan precision {plan['precision']!r} is not supported by trl_cpu; re-run the plan")
+        tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
+        model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)
+        dataset = Dataset.from_parquet(str(job.prepared_dir / "train.parquet")).remove_columns("row_hash")
+        peft_config = None
+        if train.method == "lora":
+            peft_config = LoraConfig(
+                r=train.lora.r,
+                lora_alpha=train.lora.alpha,
+                lora_dropout=train.lora.dropout,
+                target_modules=list(train.lora.target_modules),
+                task_type="CAUSAL_LM",
+            )
+        layout = plan["layout"]
+        args = SFTConfig(
+            output_dir=str(job.work_dir),
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            per_device_train_batch_size=layout["micro_batch_size"],
+            gradient_accumulation_steps=layout["gradient_accumulation_steps"],
+            activation_checkpointing=plan["gradient_checkpointing"],
+            num_train_epochs=train.epochs,
+            max_steps=train.max_steps or -1,
+            learning_rate=train.learning_rate,
+            lr_scheduler_type=train.lr_scheduler,
+            warmup_steps=train.warmup_ratio,
+            weight_decay=train.weight_decay,
+            max_grad_norm=train.max_grad_norm,
+            optim="adamw_torch",
+            seed=train.seed,
+            data_seed=train.seed,
+            max_length=plan["data"]["seq_len"],
+            packing=False,
+            logging_steps=train.logging_steps,
+            logging_first_step=True,
+            save_strategy="steps",
+            save_steps=max(1, plan["time"]["steps"] // 4),
+            save_total_limit=2,
+            include_num_input_tokens_seen="non_padding",
+            report_to=[],
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config
+        )
+        started = time.perf_counter()
+        trainer.train(resume_from_checkpoint=last_checkpoint(job.work_dir))
+        seconds = time.perf_counter() - started
+        trainer.save_model(str(job.out))
+        tokenizer.save_pretrained(str(job.out))
+        return TrainResult(
+            log_history=trainer.state.log_history,
+            tokens_seen=int(trainer.state.num_input_tokens_seen),
+            train_seconds=seconds,
+        )

@@ -1,0 +1,5 @@
+"""Errors a user can act on: each message names the file, row or field and what to do."""
+
+
+class XtrainError(Exception):
+    """A problem with the user's input or setup; the message is complete without a traceback."""

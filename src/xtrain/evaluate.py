@@ -1,0 +1,87 @@
+"""The evaluate stage: held-out loss and perplexity of the base model and of the tuned one.
+
+Both are scored on the prepared eval split with the same template and masking as training:
+the loss is the mean negative log-likelihood over supervised (assistant) tokens, and perplexity
+is its exponential.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .artifacts import write_json
+from .recipe import Eval
+
+
+def load_eval_split(prepared_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
+    from datasets import Dataset
+
+    split = Dataset.from_parquet(str(prepared_dir / "eval.parquet"))
+    return split["input_ids"], split["assistant_masks"]
+
+
+def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tuple[float, int]:
+    """Summed next-token NLL over supervised positions, and how many positions that was."""
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(input_ids), batch_size):
+            rows = input_ids[start : start + batch_size]
+            row_masks = masks[start : start + batch_size]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+            attention = torch.zeros((len(rows), width), dtype=torch.long)
+            labels = torch.full((len(rows), width), -100, dtype=torch.long)
+            for i, (row, mask) in enumerate(zip(rows, row_masks)):
+                ids[i, : len(row)] = torch.tensor(row)
+                attention[i, : len(row)] = 1
+                labels[i, : len(row)] = torch.where(torch.tensor(mask) == 1, torch.tensor(row), -100)
+            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
+            # Position t predicts token t+1.
+            targets = labels[:, 1:]
+            nll = F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100, reduction="sum"
+            )
+            total += nll.item()
+            count += int((targets != -100).sum())
+    return total, count
+
+
+def load_tuned(model_dir: Path, checkpoint_dir: Path):
+    """The tuned model: base + PEFT adapter, or the full model the checkpoint holds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if (checkpoint_dir / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        return PeftModel.from_pretrained(base, checkpoint_dir)
+    return AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32)
+
+
+def evaluate(model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, settings: Eval, out: Path) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
+    input_ids, masks = load_eval_split(prepared_dir)
+    metrics: dict[str, Any] = {"eval_rows": len(input_ids)}
+    candidates = {
+        "base": lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        "tuned": lambda: load_tuned(model_dir, checkpoint_dir),
+    }
+    for name, load in candidates.items():
+        total, count = supervised_nll(load(), input_ids, masks, settings.batch_size, tokenizer.pad_token_id)
+        loss = total / count
+        metrics[f"{name}_loss"] = loss
+        metrics[f"{name}_perplexity"] = math.exp(loss)
+        metrics["eval_supervised_tokens"] = count
+    metrics["loss_improvement"] = metrics["base_loss"] - metrics["tuned_loss"]
+    write_json(out, metrics)
+    return metrics

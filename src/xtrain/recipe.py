@@ -1,0 +1,231 @@
+"""The recipe schema: the single source of truth for what a recipe may say.
+
+A recipe is one YAML file in `recipes/`; its file stem is the recipe name. Every section is a strict
+pydantic model (unknown fields are errors), and `load_recipe` turns any problem into a `RecipeError`
+that names the file, the field and what to do. Each pipeline stage receives only the slice of the
+recipe it reads (`stage_params`), so Snakemake reruns only the stages an edit can affect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+BACKENDS = ("trl_cpu", "trl_local", "axolotl", "unsloth", "torchtune", "primus")
+RECIPE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run; the message names the file, the field and the fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Model(Section):
+    """The base model to fine-tune: a local Hugging Face folder (config, tokenizer, weights)."""
+
+    path: str = Field(description="Folder with config.json, tokenizer and weights, relative to the project.")
+
+
+class DataSource(Section):
+    path: str = Field(description="Local data file, relative to the project.")
+    format: Literal["messages"] = Field("messages", description="Row format; `messages` is OpenAI chat JSONL.")
+
+
+class Data(Section):
+    """What to train on and how it is cut into token sequences."""
+
+    sources: list[DataSource] = Field(min_length=1, description="One or more local data files.")
+    seq_len: PositiveInt = Field(512, le=131072, description="Longest token sequence; longer rows are dropped.")
+    eval_fraction: float = Field(
+        0.1, gt=0, lt=1, description="Share of rows held out for evaluation, chosen by content hash."
+    )
+
+
+class Lora(Section):
+    r: PositiveInt = Field(16, description="LoRA rank.")
+    alpha: PositiveFloat = Field(32, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Module names (suffixes) that get adapters, or ['all-linear'].",
+    )
+
+
+class Train(Section):
+    """How to train: the backend lane, the method and the optimisation settings."""
+
+    backend: Literal[BACKENDS] = Field("trl_cpu", description="Training lane: " + ", ".join(BACKENDS) + ".")
+    method: Literal["lora", "full"] = Field("lora", description="LoRA adapters or a full fine-tune.")
+    lora: Lora | None = Field(None, description="LoRA settings; only with method: lora (defaults apply when unset).")
+    global_batch_size: PositiveInt = Field(8, description="Sequences per optimizer step, over all devices.")
+    micro_batch_size: PositiveInt | None = Field(
+        None, description="Sequences per device per forward pass; the plan chooses it when unset."
+    )
+    epochs: PositiveFloat = Field(1, description="Passes over the training split (ignored when max_steps is set).")
+    max_steps: PositiveInt | None = Field(None, description="Stop after this many optimizer steps.")
+    learning_rate: PositiveFloat = Field(2e-4, description="Peak learning rate.")
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "cosine", description="Learning-rate schedule after warmup."
+    )
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Share of steps spent warming up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: PositiveFloat = Field(1.0, description="Gradient clipping norm.")
+    logging_steps: PositiveInt = Field(5, description="Record the loss every this many steps.")
+    seed: int = Field(0, ge=0, description="Seed for weights of new layers, dropout and data order.")
+
+    # Fields that decide the run's shape (memory, time, batch layout); the plan reads only these.
+    SHAPE_FIELDS: ClassVar[tuple[str, ...]] = ("backend", "method", "lora", "global_batch_size", "micro_batch_size", "epochs", "max_steps")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lora_only_with_lora(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        method = data.get("method", "lora")
+        if method == "full" and data.get("lora") is not None:
+            raise ValueError("`lora` settings are given but method is `full`: remove `lora` or set method: lora")
+        if method == "lora" and data.get("lora") is None:
+            return {**data, "lora": {}}
+        return data
+
+
+class Hardware(Section):
+    """Where the run goes: CPU, or GPUs per node times nodes."""
+
+    accelerator: Literal["cpu", "cuda", "rocm"] = Field("cpu", description="Device kind to train on.")
+    gpus: int = Field(0, ge=0, description="GPUs per node (0 for CPU).")
+    nodes: PositiveInt = Field(1, description="Number of nodes.")
+    gpu_memory_gb: PositiveFloat | None = Field(None, description="Memory per GPU; default from the GPU model.")
+
+    @model_validator(mode="after")
+    def _gpus_match_accelerator(self) -> Hardware:
+        if self.accelerator == "cpu" and self.gpus:
+            raise ValueError(f"gpus is {self.gpus} but accelerator is `cpu`: set accelerator: cuda or rocm, or gpus: 0")
+        if self.accelerator != "cpu" and not self.gpus:
+            raise ValueError(f"accelerator is `{self.accelerator}` but gpus is 0: set gpus to at least 1")
+        return self
+
+    @property
+    def devices(self) -> int:
+        """Data-parallel workers: GPUs over all nodes, or one CPU process."""
+        return max(self.gpus, 1) * self.nodes
+
+
+class Eval(Section):
+    """How the evaluate stage measures base vs tuned."""
+
+    batch_size: PositiveInt = Field(8, description="Sequences per evaluation forward pass.")
+
+
+class Recipe(Section):
+    model: Model
+    data: Data
+    train: Train = Field(default_factory=Train)
+    hardware: Hardware = Field(default_factory=Hardware)
+    eval: Eval = Field(default_factory=Eval)
+
+    @model_validator(mode="after")
+    def _batch_divides_over_devices(self) -> Recipe:
+        devices = self.hardware.devices
+        if self.train.global_batch_size % devices:
+            raise ValueError(
+                f"train.global_batch_size {self.train.global_batch_size} is not divisible by the "
+                f"{devices} devices of `hardware`: use a multiple of {devices}"
+            )
+        return self
+
+    def hash(self) -> str:
+        return content_hash(self.model_dump(mode="json"))
+
+
+def content_hash(value: Any) -> str:
+    """sha256 of a JSON-serialisable value in canonical form."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
+    """The slice of the recipe one stage reads, as plain JSON data (Snakemake params)."""
+    dump = recipe.model_dump(mode="json")
+    slices = {
+        "prepare": {"data": dump["data"]},
+        "plan": {
+            "train": {k: dump["train"][k] for k in Train.SHAPE_FIELDS},
+            "hardware": dump["hardware"],
+        },
+        "train": {"train": dump["train"], "hardware": dump["hardware"]},
+        "evaluate": {"eval": dump["eval"]},
+    }
+    return slices[stage]
+
+
+def _field_path(loc: tuple) -> str:
+    return ".".join(str(part) if not isinstance(part, int) else f"[{part}]" for part in loc).replace(".[", "[")
+
+
+def _describe(error: dict) -> str:
+    where = _field_path(error["loc"]) or "(top level)"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        parent = ".".join(str(p) for p in error["loc"][:-1]) or "the top level"
+        return f"{where}: unknown field; check its spelling, or remove it (allowed in {parent}: see docs/recipe.md)"
+    if error["type"] == "missing":
+        return f"{where}: required field is missing; add it"
+    return f"{where}: {message} (got {error.get('input')!r})"
+
+
+def parse_recipe(data: Any, source: str) -> Recipe:
+    """Validate already-parsed recipe data; errors name `source` and each failing field."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: a recipe is a YAML mapping with sections model, data, train, hardware, eval")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        lines = "\n".join(f"  {_describe(e)}" for e in exc.errors())
+        raise RecipeError(f"{source}: invalid recipe\n{lines}") from None
+
+
+def recipe_name(path: Path) -> str:
+    name = path.stem
+    if not RECIPE_NAME.match(name):
+        raise RecipeError(
+            f"{path}: recipe name {name!r} may hold only letters, digits, '_' and '-' "
+            "(it becomes a folder name in every output); rename the file"
+        )
+    return name
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate one recipe file (safe YAML loader only)."""
+    path = Path(path)
+    recipe_name(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: recipe file not found") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise RecipeError(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse_recipe(data, str(path))
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON schema of a recipe, generated from the pydantic models (config/recipe.schema.json)."""
+    return Recipe.model_json_schema()

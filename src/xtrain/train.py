@@ -1,0 +1,109 @@
+"""The train stage: run the recipe's backend and write the checkpoint contract.
+
+Every backend ends in the same `checkpoints/<recipe>/`: HF-loadable weights, the tokenizer with its
+chat template, `train_metrics.json` and `manifest.json`. The folder appears only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import resource
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .artifacts import atomic_dir, read_json, write_json
+from .backends import TrainJob, TrainResult, get_backend
+from .recipe import Hardware, Train, content_hash
+
+log = logging.getLogger(__name__)
+
+PACKAGES = ("xtrain", "torch", "transformers", "trl", "peft", "datasets", "accelerate")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_commit(directory: Path) -> str | None:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None
+
+
+def train_metrics(result: TrainResult) -> dict[str, Any]:
+    losses = [
+        {"step": entry["step"], "loss": entry["loss"], "learning_rate": entry.get("learning_rate")}
+        for entry in result.log_history
+        if "loss" in entry
+    ]
+    summary = next((entry for entry in reversed(result.log_history) if "train_runtime" in entry), {})
+    return {
+        "loss": losses,
+        "final_loss": losses[-1]["loss"] if losses else None,
+        "steps": result.log_history[-1]["step"] if result.log_history else 0,
+        "tokens_seen": result.tokens_seen,
+        "tokens_per_second": round(result.tokens_seen / result.train_seconds, 1) if result.train_seconds else None,
+        "wall_seconds": round(result.train_seconds, 2),
+        "trainer_runtime_seconds": summary.get("train_runtime"),
+        # ru_maxrss is KiB on Linux: the peak resident memory of this training process.
+        "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def run_training(
+    *,
+    model_dir: Path,
+    prepared_dir: Path,
+    plan_path: Path,
+    train: Train,
+    hardware: Hardware,
+    out: Path,
+    work_dir: Path,
+) -> dict[str, Any]:
+    backend = get_backend(train.backend)
+    backend.check(train, hardware)
+    plan = read_json(plan_path)
+    data_fingerprint = read_json(prepared_dir / "manifest.json")["fingerprint"]
+    recipe_hash = content_hash({"train": train.model_dump(mode="json"), "hardware": hardware.model_dump(mode="json")})
+    plan_hash = hashlib.sha256(plan_path.read_bytes()).hexdigest()
+    # Trainer checkpoints of an interrupted run are resumed only by the very same run.
+    run_dir = work_dir / content_hash([recipe_hash, plan_hash, data_fingerprint, str(model_dir)])[:16]
+    with atomic_dir(out) as staging:
+        job = TrainJob(model_dir, prepared_dir, plan, train, hardware, staging, run_dir)
+        result = backend.run(job)
+        metrics = train_metrics(result)
+        write_json(staging / "train_metrics.json", metrics)
+        write_json(
+            staging / "manifest.json",
+            {
+                "backend": train.backend,
+                "method": train.method,
+                "base_model": str(model_dir),
+                # Only the sections that shape training reach this stage; the hash covers them.
+                "recipe_hash": recipe_hash,
+                "recipe_hash_sections": ["train", "hardware"],
+                "data_fingerprint": data_fingerprint,
+                "plan_hash": plan_hash,
+                "packages": package_versions(),
+                "git_commit": git_commit(Path.cwd()),
+                "seed": train.seed,
+            },
+        )
+    shutil.rmtree(work_dir, ignore_errors=True)  # the checkpoint is complete: nothing left to resume
+    log.info("trained %s steps, final loss %s, %s tokens/s", metrics["steps"], metrics["final_loss"],
+             metrics["tokens_per_second"])
+    return metrics
