@@ -108,7 +108,7 @@ class Hardware(Section):
     accelerator: Literal["cpu", "cuda", "rocm"] = Field("cpu", description="Device kind to train on.")
     gpus: int = Field(0, ge=0, description="GPUs per node (0 for CPU).")
     nodes: PositiveInt = Field(1, description="Number of nodes.")
-    gpu_memory_gb: PositiveFloat | None = Field(None, description="Memory per GPU; default from the GPU model.")
+    gpu_memory_gb: PositiveFloat | None = Field(None, description="Memory per GPU in GiB; default 80 for cuda, 192 for rocm.")
 
     @model_validator(mode="after")
     def _gpus_match_accelerator(self) -> Hardware:

@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each builds .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint docs clean
+
+venv: $(STAMP)
+
+# The pins live once, in envs/xtrain.yaml (also the conda env of the rules); torch goes first so that
+# pip takes the CPU build, then the rest of the pip section.
+$(STAMP): envs/xtrain.yaml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	sed -n 's/^ \{6\}- //p' envs/xtrain.yaml > $(VENV)/requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements.txt pytest==9.2.0
+	$(BIN)/python -m pip check
+	touch $@
+
+demo: venv
+	$(BIN)/snakemake --cores all
+
+test: venv
+	$(BIN)/python -m pytest
+
+lint: venv
+	$(BIN)/snakemake --lint
+
+docs: venv
+	$(BIN)/python -m xtrain.docs
+
+clean:
+	rm -rf models prepared plans checkpoints reports runs logs .snakemake

@@ -1,0 +1,77 @@
+"""Generate the recipe's JSON schema and field reference from the pydantic models.
+
+`python -m xtrain.docs` writes `config/recipe.schema.json` (for editors and validators) and
+`docs/recipe.md` (the field table); a test fails when either is out of date with `recipe.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import UnionType
+from typing import Annotated, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
+
+from .recipe import Recipe, json_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = ROOT / "config" / "recipe.schema.json"
+REFERENCE_PATH = ROOT / "docs" / "recipe.md"
+
+
+def _type_name(annotation) -> str:
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin is Literal:
+        return " or ".join(repr(a) for a in args)
+    if origin in (Union, UnionType):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    return annotation.__name__
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        annotation = field.annotation
+        nested = [a for a in (get_args(annotation) or (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if nested:
+            rows.extend(_rows(nested[0], f"{path}[]." if get_origin(annotation) is list else f"{path}."))
+            continue
+        default = "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
+        rows.append(f"| `{path}` | `{_type_name(annotation)}` | `{default}` | {field.description or ''} |")
+    return rows
+
+
+def reference() -> str:
+    lines = [
+        "# Recipe reference",
+        "",
+        "Generated from `src/xtrain/recipe.py` by `make docs`; do not edit by hand.",
+        "Unknown fields are errors. Paths are relative to the project root.",
+    ]
+    for name, field in Recipe.model_fields.items():
+        section = field.annotation
+        lines += ["", f"## `{name}`", "", (section.__doc__ or "").strip().splitlines()[0], "",
+                  "| field | type | default | meaning |", "| --- | --- | --- | --- |"]
+        lines += _rows(section, f"{name}.")
+    return "\n".join(lines) + "\n"
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def main() -> None:
+    SCHEMA_PATH.write_text(schema_text())
+    REFERENCE_PATH.parent.mkdir(exist_ok=True)
+    REFERENCE_PATH.write_text(reference())
+    print(f"wrote {SCHEMA_PATH.relative_to(ROOT)} and {REFERENCE_PATH.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

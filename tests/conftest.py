@@ -1,0 +1,64 @@
+"""Shared test helpers: the repo root, a tiny model built once, and a Snakemake runner."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+# What a workflow copy needs: the workflow, the library, and the embedded demo inputs.
+WORKFLOW_PATHS = ("Snakefile", "rules", "config", "envs", "scripts", "src", "profiles", "data/demo", "data/tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The embedded demo model, built as rule build_tiny_model builds it."""
+    from xtrain.tiny_model import build_tiny_model
+
+    settings = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["tiny_model"]
+    out = tmp_path_factory.mktemp("tiny-llama")
+    build_tiny_model(REPO / settings["corpus"], out, **settings["settings"])
+    return out
+
+
+def copy_workflow(dest: Path, recipes: dict[str, str]) -> Path:
+    """A runnable copy of the project in `dest` with the given recipes (name -> YAML text)."""
+    for rel in WORKFLOW_PATHS:
+        src = REPO / rel
+        if src.is_dir():
+            shutil.copytree(src, dest / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    (dest / "recipes").mkdir()
+    for name, text in recipes.items():
+        (dest / "recipes" / f"{name}.yaml").write_text(text)
+    return dest
+
+
+def snakemake(cwd: Path, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+JOB = re.compile(r"^(?:local)?rule (\w+):\n(?:    .*\n)*?    wildcards: recipe=([\w-]+)", re.MULTILINE)
+RULE = re.compile(r"^(?:local)?rule (\w+):$", re.MULTILINE)
+
+
+def scheduled_jobs(output: str) -> set[tuple[str, str | None]]:
+    """(rule, recipe) of every job Snakemake printed, leaving out the aggregate `all`."""
+    with_recipe = set(JOB.findall(output))
+    rules_with_recipe = {rule for rule, _ in with_recipe}
+    others = {(rule, None) for rule in RULE.findall(output) if rule not in rules_with_recipe and rule != "all"}
+    return with_recipe | others

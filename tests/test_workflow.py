@@ -1,0 +1,148 @@
+"""Real `snakemake` on the embedded demo: targets, and reruns of only what an edit makes stale."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
+
+pytestmark = pytest.mark.slow
+
+DEMO = (REPO / "recipes" / "demo.yaml").read_text()
+# A second, smaller recipe on its own data file, to show that edits stay within one recipe.
+SECOND = """
+model: {path: models/tiny-llama}
+data:
+  sources: [{path: data/second/chat.jsonl}]
+  seq_len: 128
+  eval_fraction: 0.2
+train: {max_steps: 4, global_batch_size: 4, learning_rate: 5.0e-3}
+"""
+STAGES = ("prepare", "plan", "train", "evaluate")
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = copy_workflow(tmp_path_factory.mktemp("workflow"), {"demo": DEMO, "second": SECOND})
+    demo_rows = (root / "data/demo/chat.jsonl").read_text().splitlines()
+    (root / "data/second").mkdir()
+    (root / "data/second/chat.jsonl").write_text("\n".join(demo_rows[:60]) + "\n")
+    snakemake(root, "checkpoints/demo", "--cores", "2")
+    assert (root / "checkpoints/demo/adapter_model.safetensors").is_file()
+    assert not (root / "reports/demo").exists(), "a checkpoint target must not build the report"
+    snakemake(root, "--cores", "2")
+    return root
+
+
+def dry_run(root: Path, *targets: str) -> set:
+    result = snakemake(root, "-n", *targets)
+    return scheduled_jobs(result.stdout + result.stderr)
+
+
+def jobs(recipe: str, *rules: str) -> set:
+    return {(rule, recipe) for rule in rules}
+
+
+class edited:
+    """Replace a file's text for the duration of a block, then restore text and timestamps."""
+
+    def __init__(self, path: Path, change):
+        self.path, self.change = path, change
+
+    def __enter__(self):
+        self.original, self.stat = self.path.read_text(), self.path.stat()
+        self.path.write_text(self.change(self.original))
+
+    def __exit__(self, *exc):
+        self.path.write_text(self.original)
+        os.utime(self.path, ns=(self.stat.st_atime_ns, self.stat.st_mtime_ns))
+
+
+def test_complete_build_has_every_target(project):
+    for recipe in ("demo", "second"):
+        assert (project / f"prepared/{recipe}/manifest.json").is_file()
+        assert (project / f"plans/{recipe}/plan.json").is_file()
+        assert (project / f"checkpoints/{recipe}/manifest.json").is_file()
+        metrics = json.loads((project / f"reports/{recipe}/eval.json").read_text())
+        assert metrics["tuned_loss"] < metrics["base_loss"]
+
+
+def test_nothing_to_do_after_complete_build(project):
+    result = snakemake(project, "-n")
+    assert "Nothing to be done" in result.stdout + result.stderr
+    assert dry_run(project, "reports/demo/eval.json", "checkpoints/second") == set()
+
+
+def test_eval_edit_reruns_only_evaluate(project):
+    with edited(project / "recipes/demo.yaml", lambda t: t.replace("batch_size: 16", "batch_size: 4")):
+        assert dry_run(project) == jobs("demo", "evaluate")
+
+
+def test_learning_rate_edit_reruns_train_and_evaluate(project):
+    with edited(project / "recipes/demo.yaml", lambda t: t.replace("learning_rate: 5.0e-3", "learning_rate: 4.0e-3")):
+        assert dry_run(project) == jobs("demo", "train", "evaluate")
+
+
+def test_shape_edit_reruns_the_plan_too(project):
+    with edited(project / "recipes/demo.yaml", lambda t: t.replace("epochs: 3", "epochs: 2")):
+        assert dry_run(project) == jobs("demo", "plan", "train", "evaluate")
+
+
+def test_data_change_reruns_every_stage_of_that_recipe_only(project):
+    extra = '{"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}\n'
+    with edited(project / "data/demo/chat.jsonl", lambda t: t + extra):
+        assert dry_run(project) == jobs("demo", *STAGES)
+
+
+def test_new_recipe_adds_only_its_jobs(project):
+    third = project / "recipes/third.yaml"
+    third.write_text(SECOND)
+    try:
+        assert dry_run(project) == jobs("third", *STAGES)
+    finally:
+        third.unlink()
+
+
+def test_bad_recipe_fails_before_any_job_naming_file_and_field(project):
+    bad = project / "recipes/broken.yaml"
+    bad.write_text(SECOND.replace("max_steps: 4", "max_step: 4"))
+    try:
+        result = snakemake(project, "--cores", "2", check=False)
+    finally:
+        bad.unlink()
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "recipes/broken.yaml" in output and "train.max_step" in output
+    assert "Select jobs to execute" not in output
+
+
+def test_unknown_recipe_target_is_named(project):
+    result = snakemake(project, "-n", "checkpoints/nosuch", check=False)
+    assert result.returncode != 0
+    assert "recipes/nosuch.yaml" in result.stdout + result.stderr
+
+
+def test_lint_is_clean(project):
+    result = snakemake(project, "--lint")
+    assert "Congratulations" in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_real_rerun_after_learning_rate_edit_touches_only_train_and_evaluate(project):
+    """Runs last in this module: it really retrains demo, then leaves a consistent build behind."""
+    untouched = [project / "prepared/demo/manifest.json", project / "plans/demo/plan.json",
+                 project / "reports/second/eval.json"]
+    before = {path: path.stat().st_mtime_ns for path in untouched}
+    old_metrics = json.loads((project / "reports/demo/eval.json").read_text())
+    recipe = project / "recipes/demo.yaml"
+    recipe.write_text(recipe.read_text().replace("learning_rate: 5.0e-3", "learning_rate: 2.0e-3"))
+    result = snakemake(project, "--cores", "2")
+    assert scheduled_jobs(result.stdout + result.stderr) == jobs("demo", "train", "evaluate")
+    assert {path: path.stat().st_mtime_ns for path in untouched} == before
+    new_metrics = json.loads((project / "reports/demo/eval.json").read_text())
+    assert new_metrics["base_loss"] == pytest.approx(old_metrics["base_loss"], rel=1e-6)
+    assert new_metrics["tuned_loss"] != old_metrics["tuned_loss"]
+    assert dry_run(project) == set()
