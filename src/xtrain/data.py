@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
 SPLITS = ("train", "eval")
+# The Jinja block that marks assistant text for `return_assistant_tokens_mask`.
+GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 def read_messages_jsonl(path: Path) -> list[list[dict[str, str]]]:
@@ -88,7 +91,7 @@ def prepare(sources: list[Path], model_dir: Path, data: Data, out: Path) -> dict
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if not tokenizer.chat_template or "generation" not in tokenizer.chat_template:
+    if not GENERATION_BLOCK.search(tokenizer.chat_template or ""):
         raise XtrainError(
             f"{model_dir}: the tokenizer's chat template has no {{% generation %}} block, so assistant tokens "
             "cannot be found for loss masking; use a template that marks assistant turns"

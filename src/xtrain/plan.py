@@ -42,14 +42,8 @@ def count_parameters(model_dir: Path, train: Train) -> dict[str, Any]:
     if train.method == "lora":
         from peft import LoraConfig, get_peft_model
 
-        lora = train.lora
-        try:
-            peft_model = get_peft_model(
-                model,
-                LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules)),
-            )
-        except ValueError as exc:
-            raise XtrainError(f"train.lora.target_modules {list(lora.target_modules)}: {exc}") from None
+        check_lora_targets(model, list(train.lora.target_modules))
+        peft_model = get_peft_model(model, LoraConfig(**train.lora.peft_kwargs()))
         trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in peft_model.parameters())
     return {
@@ -59,6 +53,21 @@ def count_parameters(model_dir: Path, train: Train) -> dict[str, Any]:
         "hidden_size": config.hidden_size,
         "vocab_size": config.vocab_size,
     }
+
+
+def check_lora_targets(model, targets: list[str]) -> None:
+    """Every LoRA target must name at least one module: peft itself only fails when none does."""
+    if targets == ["all-linear"]:
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(name == t or name.endswith(f".{t}") for name in names)]
+    if missing:
+        leaves = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                         if not list(module.children()) and name})
+        raise XtrainError(
+            f"train.lora.target_modules: {missing} match no module of the model; "
+            f"module names it has: {', '.join(leaves)}"
+        )
 
 
 def memory_budget(hardware: Hardware) -> float:

@@ -63,6 +63,16 @@ class Lora(Section):
         description="Module names (suffixes) that get adapters, or ['all-linear'].",
     )
 
+    def peft_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `peft.LoraConfig` (peft spells "every linear layer" as a bare string)."""
+        targets = list(self.target_modules)
+        return {
+            "r": self.r,
+            "lora_alpha": self.alpha,
+            "lora_dropout": self.dropout,
+            "target_modules": "all-linear" if targets == ["all-linear"] else targets,
+        }
+
 
 class Train(Section):
     """How to train: the backend lane, the method and the optimisation settings."""
@@ -183,7 +193,8 @@ def _describe(error: dict) -> str:
         return f"{where}: unknown field; check its spelling, or remove it (allowed in {parent}: see docs/recipe.md)"
     if error["type"] == "missing":
         return f"{where}: required field is missing; add it"
-    return f"{where}: {message} (got {error.get('input')!r})"
+    value = error.get("input")
+    return f"{where}: {message}" + ("" if isinstance(value, dict | list) else f" (got {value!r})")
 
 
 def parse_recipe(data: Any, source: str) -> Recipe:

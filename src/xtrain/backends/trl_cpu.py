@@ -42,13 +42,7 @@ class TrlCpu:
         dataset = Dataset.from_parquet(str(job.prepared_dir / "train.parquet")).remove_columns("row_hash")
         peft_config = None
         if train.method == "lora":
-            peft_config = LoraConfig(
-                r=train.lora.r,
-                lora_alpha=train.lora.alpha,
-                lora_dropout=train.lora.dropout,
-                target_modules=list(train.lora.target_modules),
-                task_type="CAUSAL_LM",
-            )
+            peft_config = LoraConfig(**train.lora.peft_kwargs(), task_type="CAUSAL_LM")
         layout = plan["layout"]
         args = SFTConfig(
             output_dir=str(job.work_dir),

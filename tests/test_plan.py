@@ -1,0 +1,260 @@
+"""The plan stage: parameter counts against the real model, batch layout, memory fitting, precision, time."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from xtrain.errors import XtrainError
+from xtrain.plan import count_parameters, make_plan
+from xtrain.recipe import Hardware, Train
+from xtrain.tiny_model import build_tiny_model
+
+ROOT = Path(__file__).parents[1]
+CORPUS = ROOT / "data/tiny-llama/corpus.txt"
+ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-llama")
+    build_tiny_model(CORPUS, out)
+    return out
+
+
+def manifest(rows: int = 100, mean_len: int = 50, seq_len: int = 128) -> dict:
+    """A manifest in the shape `xtrain.data.prepare` writes."""
+    return {
+        "sources": {"data/demo/chat.jsonl": {"kept": rows + 10, "dropped": {"duplicate": 1}}},
+        "seq_len": seq_len,
+        "splits": {
+            "train": {
+                "rows": rows,
+                "tokens": rows * mean_len,
+                "supervised_tokens": rows * mean_len // 3,
+                "max_len": seq_len,
+            },
+            "eval": {"rows": 10, "tokens": 10 * mean_len, "supervised_tokens": 10 * mean_len // 3, "max_len": seq_len},
+        },
+        "fingerprint": "0" * 64,
+    }
+
+
+def load_real_model(model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir)
+
+
+# --- parameter counts -------------------------------------------------------------------------------
+
+
+def test_full_parameter_count_matches_the_real_model(model_dir):
+    model = load_real_model(model_dir)
+    real = sum(p.numel() for p in model.parameters())
+    counted = count_parameters(model_dir, Train(method="full"))
+    assert counted["total"] == counted["trainable"] == real
+    assert counted["layers"] == model.config.num_hidden_layers
+    assert counted["hidden_size"] == model.config.hidden_size
+    assert counted["vocab_size"] == model.config.vocab_size
+
+
+@pytest.mark.parametrize(
+    "lora",
+    [
+        {},
+        {"r": 4, "alpha": 8, "target_modules": ALL_PROJ},
+        pytest.param(
+            {"r": 8, "target_modules": ["all-linear"]},
+            id="all-linear",
+        ),
+    ],
+    ids=["defaults", "all-proj-r4", "all-linear"],
+)
+def test_lora_parameter_count_matches_peft_on_the_real_model(model_dir, lora):
+    from peft import LoraConfig, get_peft_model
+
+    train = Train(method="lora", lora=lora)
+    targets = list(train.lora.target_modules)
+    # peft's own spelling of "every linear layer but the output head" is the bare string.
+    peft_targets = "all-linear" if targets == ["all-linear"] else targets
+    peft_model = get_peft_model(
+        load_real_model(model_dir),
+        LoraConfig(r=train.lora.r, lora_alpha=train.lora.alpha, target_modules=peft_targets),
+    )
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in peft_model.parameters())
+    counted = count_parameters(model_dir, train)
+    assert counted["trainable"] == trainable
+    assert counted["total"] == total
+    assert 0 < counted["trainable"] < counted["total"]
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [
+        pytest.param(["qproj"], id="only-target"),
+        pytest.param(["c_attn", "attn.c_proj"], id="all-targets"),
+        pytest.param(
+            ["q_proj", "v_prj"],
+            id="one-of-several",
+        ),
+    ],
+)
+def test_lora_target_that_matches_no_module_is_an_error(model_dir, targets):
+    train = Train(method="lora", lora={"target_modules": targets})
+    with pytest.raises(XtrainError) as info:
+        count_parameters(model_dir, train)
+    assert "train.lora.target_modules" in str(info.value)
+
+
+def test_make_plan_reports_the_parameter_counts(model_dir):
+    plan = make_plan(model_dir, manifest(), Train(method="full"), Hardware())
+    assert plan["model"] == count_parameters(model_dir, Train(method="full"))
+
+
+# --- batch layout -----------------------------------------------------------------------------------
+
+LAYOUTS = [
+    (8, None, {"accelerator": "cpu", "gpus": 0}),
+    (8, 2, {"accelerator": "cpu", "gpus": 0}),
+    (12, 3, {"accelerator": "cpu", "gpus": 0}),
+    (16, None, {"accelerator": "cuda", "gpus": 1}),
+    (32, 2, {"accelerator": "cuda", "gpus": 4}),
+    (48, None, {"accelerator": "cuda", "gpus": 2, "nodes": 3}),
+    (64, 1, {"accelerator": "rocm", "gpus": 8, "nodes": 2}),
+]
+
+
+@pytest.mark.parametrize(("global_batch", "micro", "hardware"), LAYOUTS)
+def test_micro_batch_times_accumulation_times_devices_is_the_global_batch(model_dir, global_batch, micro, hardware):
+    train = Train(global_batch_size=global_batch, micro_batch_size=micro)
+    hw = Hardware(**hardware)
+    layout = make_plan(model_dir, manifest(), train, hw)["layout"]
+    assert layout["micro_batch_size"] * layout["gradient_accumulation_steps"] * layout["devices"] == global_batch
+    assert layout["devices"] == hw.devices
+    assert layout["global_batch_size"] == global_batch
+    assert layout["strategy"] == ("single" if hw.devices == 1 else "ddp")
+    if micro:
+        assert layout["micro_batch_size"] == micro
+
+
+@pytest.mark.parametrize(
+    ("global_batch", "micro", "hardware"),
+    [(8, 3, {}), (8, 16, {}), (16, 3, {"accelerator": "cuda", "gpus": 2})],
+)
+def test_micro_batch_that_does_not_divide_the_per_device_batch_is_an_error(model_dir, global_batch, micro, hardware):
+    train = Train(global_batch_size=global_batch, micro_batch_size=micro)
+    with pytest.raises(XtrainError) as info:
+        make_plan(model_dir, manifest(), train, Hardware(**hardware))
+    assert "train.micro_batch_size" in str(info.value)
+    assert "divisor" in str(info.value)
+
+
+# --- memory -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_a_small_gpu_gets_checkpointing_or_a_smaller_micro_batch(model_dir, method):
+    train = Train(method=method, global_batch_size=8)
+    roomy = make_plan(model_dir, manifest(), train, Hardware(accelerator="cuda", gpus=1))
+    assert roomy["layout"]["micro_batch_size"] == 8
+    assert roomy["gradient_checkpointing"] is False
+    need = roomy["memory"]["peak_bytes_per_device"]
+
+    # A GPU whose whole memory is 60% of what the unconstrained layout needs.
+    small = Hardware(accelerator="cuda", gpus=1, gpu_memory_gb=0.6 * need / 2**30)
+    plan = make_plan(model_dir, manifest(), train, small)
+    assert plan["gradient_checkpointing"] or plan["layout"]["micro_batch_size"] < 8
+    assert plan["memory"]["peak_bytes_per_device"] <= plan["memory"]["budget_bytes_per_device"] <= 0.6 * need
+    layout = plan["layout"]
+    assert layout["micro_batch_size"] * layout["gradient_accumulation_steps"] == 8
+    assert plan["memory"]["peak_bytes_per_device"] == sum(plan["memory"]["breakdown_bytes"].values())
+
+
+def test_a_run_that_cannot_fit_is_an_error_with_suggestions(model_dir):
+    tiny_gpu = Hardware(accelerator="cuda", gpus=1, gpu_memory_gb=1e-6)
+    with pytest.raises(XtrainError) as info:
+        make_plan(model_dir, manifest(), Train(method="full"), tiny_gpu)
+    message = str(info.value)
+    assert "does not fit" in message
+    assert "data.seq_len" in message
+    assert "lora" in message
+    assert "hardware.gpus" in message
+
+
+def test_lora_needs_less_memory_than_full(model_dir):
+    hw = Hardware(accelerator="cuda", gpus=1)
+    lora = make_plan(model_dir, manifest(), Train(method="lora"), hw)["memory"]["breakdown_bytes"]
+    full = make_plan(model_dir, manifest(), Train(method="full"), hw)["memory"]["breakdown_bytes"]
+    assert lora["optimizer"] < full["optimizer"]
+    assert lora["gradients"] < full["gradients"]
+
+
+# --- precision, resources, time ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hardware", "precision"),
+    [
+        ({"accelerator": "cpu", "gpus": 0}, "fp32"),
+        ({"accelerator": "cuda", "gpus": 1}, "bf16"),
+        ({"accelerator": "cuda", "gpus": 8, "nodes": 2}, "bf16"),
+    ],
+)
+def test_precision_follows_the_accelerator(model_dir, hardware, precision):
+    assert make_plan(model_dir, manifest(), Train(global_batch_size=16), Hardware(**hardware))["precision"] == precision
+
+
+@pytest.mark.parametrize(
+    "hardware", [{"accelerator": "cpu", "gpus": 0}, {"accelerator": "cuda", "gpus": 2, "nodes": 2}]
+)
+def test_resources_are_positive_and_match_the_hardware(model_dir, hardware):
+    hw = Hardware(**hardware)
+    plan = make_plan(model_dir, manifest(), Train(global_batch_size=8), hw)
+    resources = plan["resources"]
+    assert isinstance(resources["mem_mb"], int) and resources["mem_mb"] > 0
+    assert isinstance(resources["runtime"], int) and resources["runtime"] > 0
+    assert resources["gpus"] == hw.gpus
+    assert resources["nodes"] == hw.nodes
+    assert plan["time"]["seconds"] >= 0
+
+
+def test_plan_carries_the_data_summary(model_dir):
+    m = manifest(rows=100, mean_len=50, seq_len=128)
+    plan = make_plan(model_dir, m, Train(), Hardware())
+    assert plan["data"] == {
+        "train_rows": 100,
+        "train_tokens": 5000,
+        "supervised_tokens": 5000 // 3,
+        "seq_len": 128,
+        "mean_sequence_tokens": 50.0,
+        "fingerprint": m["fingerprint"],
+    }
+    assert plan["time"]["tokens_per_step"] == 8 * 50
+
+
+@pytest.mark.parametrize(
+    ("rows", "global_batch", "epochs"),
+    [(100, 8, 1), (96, 8, 3), (100, 8, 3), (7, 8, 1), (1000, 16, 0.5), (50, 4, 2.5)],
+)
+def test_steps_follow_rows_batch_and_epochs(model_dir, rows, global_batch, epochs):
+    plan = make_plan(model_dir, manifest(rows=rows), Train(global_batch_size=global_batch, epochs=epochs), Hardware())
+    # As the HF Trainer counts them: a partial last batch is a step of every epoch.
+    assert plan["time"]["steps"] == math.ceil(math.ceil(rows / global_batch) * epochs)
+    if rows % global_batch == 0:
+        assert plan["time"]["steps"] == math.ceil(rows / global_batch * epochs)
+
+
+def test_max_steps_overrides_epochs(model_dir):
+    plan = make_plan(model_dir, manifest(rows=100), Train(global_batch_size=8, epochs=3, max_steps=7), Hardware())
+    assert plan["time"]["steps"] == 7
+
+
+def test_more_steps_predict_more_time(model_dir):
+    short = make_plan(model_dir, manifest(rows=100), Train(max_steps=10), Hardware())
+    long = make_plan(model_dir, manifest(rows=100), Train(max_steps=100), Hardware())
+    assert long["time"]["seconds"] > short["time"]["seconds"]
+    assert long["resources"]["runtime"] >= short["resources"]["runtime"]
