@@ -12,6 +12,8 @@ rule train:
     resources:
         mem_mb=planned("mem_mb", 4096),
         runtime=planned("runtime", 60),
+        gpu=planned("gpus", 0),
+        nodes=planned("nodes", 1),
     log:
         "logs/{recipe}/train.log",
     conda:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -43,9 +44,12 @@ def copy_workflow(dest: Path, recipes: dict[str, str]) -> Path:
     return dest
 
 
-def snakemake(cwd: Path, *args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+def snakemake(
+    cwd: Path, *args: str, check: bool = True, timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        [SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        env=None if env is None else {**os.environ, **env},
     )
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
