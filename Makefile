@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint docs clean
+.PHONY: venv demo test lint docs dvc.yaml clean
 
 venv: $(STAMP)
 
@@ -15,6 +15,7 @@ $(STAMP): envs/xtrain.yaml Makefile
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
 	sed -n 's/^ \{6\}- //p' envs/xtrain.yaml > $(VENV)/requirements.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements.txt pytest==9.2.0
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --editable .
 	$(BIN)/python -m pip check
 	touch $@
 
@@ -29,6 +30,10 @@ lint: venv
 
 docs: venv
 	$(BIN)/python -m xtrain.docs
+
+# One DVC stage per recipe; rerun after adding or removing a recipe (a test checks it is current).
+dvc.yaml: venv
+	$(BIN)/python -m xtrain.dvc_stages
 
 clean:
 	rm -rf models prepared plans checkpoints reports runs logs .snakemake

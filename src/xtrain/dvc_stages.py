@@ -1,0 +1,67 @@
+"""Generate `dvc.yaml` from the recipes: DVC versions what Snakemake builds, without a second DAG.
+
+One DVC stage per recipe runs `snakemake reports/<recipe>/eval.json`; Snakemake alone decides which
+of that recipe's steps are stale. DVC records the recipe's inputs and outputs (all `persist: true`, so
+`dvc repro` never deletes what Snakemake would reuse), eval.json as metrics and the loss curve as a plot.
+`python -m xtrain.dvc_stages` rewrites dvc.yaml; a test fails when it is out of date with recipes/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .recipe import Recipe, load_recipe
+
+HEADER = "# Generated from recipes/ by `make dvc.yaml` (python -m xtrain.dvc_stages); do not edit by hand.\n"
+# Code and configuration every recipe's stages run; a change makes DVC ask Snakemake again.
+WORKFLOW_DEPS = ["Snakefile", "rules", "scripts", "src/xtrain", "config/config.yaml", "envs"]
+
+
+def persisted(*paths: str) -> list[dict[str, Any]]:
+    """Outputs that `dvc repro` must not delete before running the stage: Snakemake reuses them."""
+    return [{path: {"persist": True}} for path in paths]
+
+
+def recipe_stage(name: str, recipe: Recipe) -> dict[str, Any]:
+    return {
+        "cmd": f"snakemake --cores all reports/{name}/eval.json",
+        "deps": [f"recipes/{name}.yaml", *(s.path for s in recipe.data.sources), recipe.model.path, *WORKFLOW_DEPS],
+        "outs": persisted(f"prepared/{name}", f"plans/{name}/plan.json", f"checkpoints/{name}"),
+        "metrics": persisted(f"reports/{name}/eval.json"),
+    }
+
+
+def pipeline(config: dict[str, Any], recipes: dict[str, Recipe]) -> dict[str, Any]:
+    tiny = config["tiny_model"]
+    stages = {
+        "tiny_model": {
+            "cmd": f"snakemake --cores all {tiny['path']}",
+            "deps": [tiny["corpus"], "src/xtrain/tiny_model.py", "scripts/build_tiny_model.py", "rules/models.smk",
+                     "config/config.yaml"],
+            "outs": persisted(tiny["path"]),
+        }
+    }
+    stages.update({name: recipe_stage(name, recipe) for name, recipe in sorted(recipes.items())})
+    plots = [
+        {f"loss_{name}": {"x": "step", "y": {f"checkpoints/{name}/train_metrics.json": "loss"}}}
+        for name in sorted(recipes)
+    ]
+    return {"stages": stages, "plots": plots}
+
+
+def render(root: Path = Path(".")) -> str:
+    config = yaml.safe_load((root / "config/config.yaml").read_text())
+    recipes = {path.stem: load_recipe(path) for path in sorted((root / config["recipes"]).glob("*.yaml"))}
+    return HEADER + yaml.safe_dump(pipeline(config, recipes), sort_keys=False)
+
+
+def main() -> None:
+    Path("dvc.yaml").write_text(render())
+    print("wrote dvc.yaml")
+
+
+if __name__ == "__main__":
+    main()
