@@ -55,7 +55,7 @@ def model_dir(wildcards):
 
 
 def data_sources(wildcards):
-    return [source.path for source in recipe(wildcards).data.sources]
+    return [source.path for source in recipe(wildcards).data.sources if source.path is not None]
 
 
 def recipe_slice(stage):

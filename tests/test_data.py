@@ -11,21 +11,18 @@ import pytest
 
 from xtrain.data import SPLITS, prepare
 from xtrain.errors import XtrainError
-from xtrain.recipe import Data, DataSource, content_hash
-from xtrain.tiny_model import CHATML_TEMPLATE, build_tiny_model
+from xtrain.recipe import Data, DataSource, RecipeError, content_hash, parse_recipe
+from xtrain.tiny_model import CHATML_TEMPLATE
 
 ROOT = Path(__file__).parents[1]
-CORPUS = ROOT / "data/tiny-llama/corpus.txt"
 DEMO = ROOT / "data/demo/chat.jsonl"
 
 SUBJECTS = ["cat", "dog", "bird", "fish", "tree", "book", "lamp", "door", "milk", "snow", "rain", "sun", "moon"]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-llama")
-    build_tiny_model(CORPUS, out)
-    return out
+def model_dir(tiny_model) -> Path:
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +48,18 @@ def write_jsonl(path: Path, rows: list) -> Path:
     return path
 
 
-def data_settings(seq_len: int = 128, eval_fraction: float = 0.3) -> Data:
-    return Data(sources=[DataSource(path="unused.jsonl")], seq_len=seq_len, eval_fraction=eval_fraction)
+def data_settings(*paths: Path, seq_len: int = 128, eval_fraction: float = 0.3, **settings) -> Data:
+    return Data(sources=[DataSource(path=str(p)) for p in paths], seq_len=seq_len, eval_fraction=eval_fraction,
+                **settings)
+
+
+def run_prepare(model_dir: Path, out: Path, *paths: Path, **settings) -> dict:
+    return prepare(list(paths), model_dir, data_settings(*paths, **settings), out)
+
+
+def chat_hash(messages: list[dict[str, str]]) -> str:
+    """The row hash prepare gives a chat row without tools."""
+    return content_hash({"messages": messages, "tools": None})
 
 
 def read_split(out: Path, name: str) -> dict[str, list]:
@@ -84,13 +91,13 @@ def masked(model_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("masking")
     source = write_jsonl(folder / "chat.jsonl", MASKING_ROWS)
     out = folder / "prepared"
-    manifest = prepare([source], model_dir, data_settings(eval_fraction=0.3), out)
+    manifest = run_prepare(model_dir, out, source, eval_fraction=0.3)
     return out, manifest
 
 
 def test_only_assistant_turns_and_their_end_of_turn_token_are_supervised(masked, tokenizer):
     out, _ = masked
-    by_hash = {content_hash(row): row for row in MASKING_ROWS}
+    by_hash = {chat_hash(row): row for row in MASKING_ROWS}
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     seen = 0
     for name in SPLITS:
@@ -120,21 +127,31 @@ def test_manifest_counts_match_the_parquet_files(masked):
     for name in SPLITS:
         split = read_split(out, name)
         lengths = [len(ids) for ids in split["input_ids"]]
-        assert manifest["splits"][name] == {
-            "rows": len(split["input_ids"]),
+        supervised = sum(sum(mask) for mask in split["assistant_masks"])
+        stats = manifest["splits"][name]
+        assert {k: stats[k] for k in ("rows", "examples", "tokens", "supervised_tokens", "max_len")} == {
+            "rows": len(lengths),
+            "examples": len(lengths),
             "tokens": sum(lengths),
-            "supervised_tokens": sum(sum(mask) for mask in split["assistant_masks"]),
+            "supervised_tokens": supervised,
             "max_len": max(lengths),
         }
+        assert stats["supervised_fraction"] == round(supervised / sum(lengths), 4)
+        assert sum(stats["length_histogram"]["counts"]) == len(lengths)
+        assert stats["padding_fraction_unpacked"] == round(1 - sum(lengths) / (len(lengths) * 128), 4)
     assert sum(manifest["splits"][s]["rows"] for s in SPLITS) == len(MASKING_ROWS)
     assert manifest["seq_len"] == 128
     (source_stats,) = manifest["sources"].values()
-    assert source_stats == {"kept": len(MASKING_ROWS), "dropped": {}}
+    assert source_stats == {
+        "format": "messages", "rows": len(MASKING_ROWS), "kept": len(MASKING_ROWS), "dropped": {}, "truncated": 0,
+        "weight": 1.0,
+    }
 
 
 def test_prepare_leaves_only_the_output_folder(masked):
     out, _ = masked
-    assert sorted(p.name for p in out.iterdir()) == ["eval.parquet", "manifest.json", "train.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "chat_template.jinja", "eval.parquet", "manifest.json", "preview.txt", "train.parquet"]
     assert not [p.name for p in out.parent.iterdir() if p.name.startswith(".")]
 
 
@@ -147,8 +164,8 @@ def split_of(out: Path) -> dict[str, str]:
 
 def test_split_is_deterministic(model_dir, tmp_path):
     source = write_jsonl(tmp_path / "chat.jsonl", [qa(i) for i in range(40)])
-    first = prepare([source], model_dir, data_settings(), tmp_path / "a")
-    second = prepare([source], model_dir, data_settings(), tmp_path / "b")
+    first = run_prepare(model_dir, tmp_path / "a", source)
+    second = run_prepare(model_dir, tmp_path / "b", source)
     assert first == second
     assert split_of(tmp_path / "a") == split_of(tmp_path / "b")
     for name in SPLITS:
@@ -161,8 +178,8 @@ def test_adding_rows_never_moves_an_existing_row_between_splits(model_dir, tmp_p
     before = write_jsonl(tmp_path / "before.jsonl", old_rows)
     # New rows both before and after the old ones: position in the file must not matter.
     after = write_jsonl(tmp_path / "after.jsonl", new_rows[:20] + old_rows + new_rows[20:])
-    prepare([before], model_dir, data_settings(), tmp_path / "before")
-    prepare([after], model_dir, data_settings(), tmp_path / "after")
+    run_prepare(model_dir, tmp_path / "before", before)
+    run_prepare(model_dir, tmp_path / "after", after)
     old_split, new_split = split_of(tmp_path / "before"), split_of(tmp_path / "after")
     assert len(old_split) == 40 and len(new_split) == 80
     assert set(old_split.values()) == {"train", "eval"}
@@ -171,7 +188,7 @@ def test_adding_rows_never_moves_an_existing_row_between_splits(model_dir, tmp_p
 
 def test_eval_fraction_is_roughly_respected(model_dir, tmp_path):
     source = write_jsonl(tmp_path / "chat.jsonl", [qa(i) for i in range(200)])
-    manifest = prepare([source], model_dir, data_settings(eval_fraction=0.25), tmp_path / "out")
+    manifest = run_prepare(model_dir, tmp_path / "out", source, eval_fraction=0.25)
     assert 25 <= manifest["splits"]["eval"]["rows"] <= 75
 
 
@@ -193,29 +210,33 @@ def test_rows_are_dropped_and_counted_by_reason(model_dir, tmp_path):
         chat(("user", "   "), ("assistant", "Nothing to answer.")),  # empty turn
     ]
     source = write_jsonl(tmp_path / "chat.jsonl", rows)
-    manifest = prepare([source], model_dir, data_settings(seq_len=64), tmp_path / "out")
-    assert manifest["sources"][str(source)] == {
-        "kept": 30,
-        "dropped": {"duplicate": 2, "over seq_len": 1, "no assistant turn": 2, "wrong role order": 3, "empty turn": 1},
+    manifest = run_prepare(model_dir, tmp_path / "out", source, seq_len=64)
+    stats = manifest["sources"][str(source)]
+    assert (stats["rows"], stats["kept"]) == (len(rows), 30)
+    assert stats["dropped"] == {
+        "duplicate": 2, "over seq_len": 1, "no assistant turn": 2, "wrong role order": 3, "empty turn": 1
     }
     assert sum(manifest["splits"][s]["rows"] for s in SPLITS) == 30
     assert max(manifest["splits"][s]["max_len"] for s in SPLITS) <= 64
     kept = {h for name in SPLITS for h in read_split(tmp_path / "out", name)["row_hash"]}
-    assert kept == {content_hash(row) for row in good}
+    assert kept == {chat_hash(row) for row in good}
 
 
 def test_duplicates_across_sources_are_dropped_from_the_later_source(model_dir, tmp_path):
     first = write_jsonl(tmp_path / "first.jsonl", [qa(i) for i in range(20)])
     second = write_jsonl(tmp_path / "second.jsonl", [qa(i) for i in range(15, 30)])
-    manifest = prepare([first, second], model_dir, data_settings(), tmp_path / "out")
-    assert manifest["sources"][str(first)] == {"kept": 20, "dropped": {}}
-    assert manifest["sources"][str(second)] == {"kept": 10, "dropped": {"duplicate": 5}}
+    manifest = run_prepare(model_dir, tmp_path / "out", first, second)
+    assert (manifest["sources"][str(first)]["kept"], manifest["sources"][str(first)]["dropped"]) == (20, {})
+    assert (manifest["sources"][str(second)]["kept"], manifest["sources"][str(second)]["dropped"]) == (
+        10, {"duplicate": 5}
+    )
 
 
 def test_demo_data_prepares(model_dir, tmp_path):
-    manifest = prepare([DEMO], model_dir, data_settings(seq_len=128, eval_fraction=0.1), tmp_path / "out")
+    manifest = run_prepare(model_dir, tmp_path / "out", DEMO, seq_len=128, eval_fraction=0.1)
     stats = manifest["sources"][str(DEMO)]
-    assert stats["kept"] + sum(stats["dropped"].values()) == len(DEMO.read_text().splitlines())
+    assert stats["rows"] == len(DEMO.read_text().splitlines())
+    assert stats["kept"] + sum(stats["dropped"].values()) == stats["rows"]
     assert all(manifest["splits"][s]["supervised_tokens"] > 0 for s in SPLITS)
 
 
@@ -233,14 +254,14 @@ def bad_source(tmp_path: Path, case: str) -> tuple[Path, str]:
     if case == "unknown-role":
         bad = json.dumps({"messages": chat(("user", "Hi"), ("bot", "Hello"))})
         path.write_text("\n".join(VALID_LINES[:4] + [bad] + VALID_LINES[4:]) + "\n")
-        return path, f"{path}:5: unknown role 'bot'"
+        return path, f"{path}:5: field `messages[1].role`: unknown role 'bot'"
     if case == "not-messages":
         path.write_text("\n".join(VALID_LINES[:1] + [json.dumps({"text": "hi"})]) + "\n")
-        return path, f"{path}:2: expected an object with a `messages` list"
+        return path, f"{path}:2: field `messages`: missing column"
     if case == "content-not-string":
         bad = json.dumps({"messages": [{"role": "user", "content": ["a"]}]})
         path.write_text("\n".join(VALID_LINES[:1] + [bad]) + "\n")
-        return path, f"{path}:2: each message needs a `role` and a string `content`"
+        return path, f"{path}:2: field `messages[0].content`: must be a string, got list"
     if case == "empty-file":
         path.write_text("")
         return path, f"{path}: no rows"
@@ -252,6 +273,42 @@ def bad_source(tmp_path: Path, case: str) -> tuple[Path, str]:
         return path, f"{path}:2: not UTF-8"
     if case == "missing-file":
         return tmp_path / "absent.jsonl", f"{tmp_path / 'absent.jsonl'}: data source not found"
+    if case == "unknown-format":
+        path.write_text(json.dumps({"question": "Hi?", "reply": "Hello."}) + "\n")
+        return path, f"{path}:1: cannot tell the format from the columns ['question', 'reply']; set data.sources[].format"
+    if case == "alpaca-missing-column":
+        path = tmp_path / "rows.json"
+        path.write_text(json.dumps([{"instruction": "Hi", "output": "Hello"}, {"instruction": "Bye"}]))
+        return path, f"{path} row 2: field `output`: missing column"
+    if case == "sharegpt-unknown-role":
+        path = tmp_path / "rows.json"
+        turns = [{"from": "human", "value": "Hi"}, {"from": "robot", "value": "Hello"}]
+        path.write_text(json.dumps([{"conversations": turns}]))
+        return path, f"{path} row 1: field `conversations[1].from`: unknown role 'robot'"
+    if case == "malformed-json-array":
+        path = tmp_path / "rows.json"
+        path.write_text('[\n  {"instruction": "Hi", "output": "Hello"},\n  {"instruction": }\n]\n')
+        return path, f"{path}:3: malformed JSON"
+    if case == "json-not-an-array":
+        path = tmp_path / "rows.json"
+        path.write_text(json.dumps({"instruction": "Hi", "output": "Hello"}))
+        return path, f"{path}: a .json source is one array of row objects, got a dict"
+    if case == "empty-json-array":
+        path = tmp_path / "rows.json"
+        path.write_text("[]")
+        return path, f"{path}: no rows"
+    if case == "csv-ragged-row":
+        path = tmp_path / "rows.csv"
+        path.write_text("instruction,output\nHi,Hello\nBye,See you,extra\n")
+        return path, f"{path}:3: more fields than the header has columns"
+    if case == "csv-non-utf8":
+        path = tmp_path / "rows.csv"
+        path.write_bytes(b"instruction,output\nHi,Hello\nCaf\xe9,Yes\n")
+        return path, f"{path}:3: not UTF-8"
+    if case == "unknown-file-type":
+        path = tmp_path / "rows.txt"
+        path.write_text("Hi\n")
+        return path, f"{path}: unknown file type '.txt'"
     if case == "one-row-empty-split":
         path.write_text(VALID_LINES[0] + "\n")
         return path, "split is empty (1 usable rows); add data or change data.eval_fraction"
@@ -268,6 +325,15 @@ ERROR_CASES = [
     "non-utf8",
     "missing-file",
     "one-row-empty-split",
+    "unknown-format",
+    "alpaca-missing-column",
+    "sharegpt-unknown-role",
+    "malformed-json-array",
+    "json-not-an-array",
+    "empty-json-array",
+    "csv-ragged-row",
+    "csv-non-utf8",
+    "unknown-file-type",
 ]
 
 
@@ -276,9 +342,15 @@ def test_bad_data_is_an_error_that_leaves_no_output(model_dir, tmp_path, case):
     source, expected = bad_source(tmp_path, case)
     parent = tmp_path / "prepared"
     with pytest.raises(XtrainError) as info:
-        prepare([source], model_dir, data_settings(), parent / "demo")
+        run_prepare(model_dir, parent / "demo", source)
     assert expected in str(info.value)
     assert leftovers(parent) == []
+
+
+def test_an_unknown_format_in_the_recipe_names_the_field():
+    recipe = {"model": {"path": "m"}, "data": {"sources": [{"path": "a.jsonl", "format": "chatml"}]}}
+    with pytest.raises(RecipeError, match=r"data.sources\[0\].format: Input should be 'auto', 'messages'"):
+        parse_recipe(recipe, "recipes/x.yaml")
 
 
 def test_error_in_a_later_source_names_that_source(model_dir, tmp_path):
@@ -286,18 +358,18 @@ def test_error_in_a_later_source_names_that_source(model_dir, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(VALID_LINES[0] + "\nnot json\n")
     with pytest.raises(XtrainError, match=rf"{bad}:2: malformed JSON"):
-        prepare([good, bad], model_dir, data_settings(), tmp_path / "prepared" / "demo")
+        run_prepare(model_dir, tmp_path / "prepared" / "demo", good, bad)
     assert leftovers(tmp_path / "prepared") == []
 
 
 def test_a_failed_prepare_keeps_the_previous_output(model_dir, tmp_path):
     out = tmp_path / "prepared" / "demo"
     good = write_jsonl(tmp_path / "good.jsonl", [qa(i) for i in range(20)])
-    manifest = prepare([good], model_dir, data_settings(), out)
+    manifest = run_prepare(model_dir, out, good)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{oops\n")
     with pytest.raises(XtrainError):
-        prepare([bad], model_dir, data_settings(), out)
+        run_prepare(model_dir, out, bad)
     assert leftovers(tmp_path / "prepared") == ["demo"]
     assert json.loads((out / "manifest.json").read_text()) == manifest
 
@@ -333,7 +405,7 @@ def test_template_without_generation_block_is_refused_by_name(model_dir, tmp_pat
     plain = model_with_template(model_dir, tmp_path, template)
     source = write_jsonl(tmp_path / "chat.jsonl", [qa(i) for i in range(20)])
     with pytest.raises(XtrainError) as info:
-        prepare([source], plain, data_settings(), tmp_path / "prepared" / "demo")
+        run_prepare(plain, tmp_path / "prepared" / "demo", source)
     assert str(plain) in str(info.value)
     assert "{% generation %}" in str(info.value)
     assert leftovers(tmp_path / "prepared") == []
@@ -344,5 +416,5 @@ def test_template_without_generation_block_never_produces_an_unmasked_dataset(mo
     plain = model_with_template(model_dir, tmp_path, PLAIN_TEMPLATE)
     source = write_jsonl(tmp_path / "chat.jsonl", [qa(i) for i in range(20)])
     with pytest.raises(XtrainError):
-        prepare([source], plain, data_settings(), tmp_path / "prepared" / "demo")
+        run_prepare(plain, tmp_path / "prepared" / "demo", source)
     assert leftovers(tmp_path / "prepared") == []

@@ -1,0 +1,217 @@
+"""The prepare stage: recipe data -> tokenized, masked train/eval splits, manifest.json and preview.txt.
+
+Order of work: read and normalise every source (errors name file, row, field), drop what cannot be
+trained on and duplicates (exact, then near), tokenize in batches (Rust, every core), handle over-length
+rows, split by content hash (a row never moves between splits when others are added), weight the train
+rows of each source, and pack them when asked. The output folder appears only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..artifacts import atomic_dir, write_json
+from ..errors import XtrainError
+from ..recipe import Data, DataSource, content_hash
+from .dedupe import NearDuplicates, exact_key
+from .formats import TEXT_ROLE, Chat, Normaliser, RowError, detect_format, drop_reason
+from .report import preview, split_stats
+from .sources import read_source
+from .tokenize import check_template, choose_template, encode_batch
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "eval")
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # the name transformers reads beside tokenizer.json
+BATCH_ROWS = 1000
+
+
+def is_eval_row(row_hash: str, eval_fraction: float) -> bool:
+    """Split by content: the first 8 bytes of the row's hash, read as a fraction of 2**64."""
+    return int(row_hash[:16], 16) / 2**64 < eval_fraction
+
+
+def repeats(row_hash: str, weight: float) -> int:
+    """Copies of a train row under its source's weight; the fraction picks rows by hash (bytes 8-16)."""
+    whole = int(weight)
+    return whole + (int(row_hash[16:32], 16) / 2**64 < weight - whole)
+
+
+def local_paths(data: Data, sources: list[Path]) -> list[Path | None]:
+    """Pair each recipe source with its local file (as Snakemake resolved them, in order); None for hub ids."""
+    if len(sources) != sum(source.path is not None for source in data.sources):
+        raise ValueError(f"{len(sources)} local files given for the {len(data.sources)} sources of {data.sources}")
+    files = iter(sources)
+    return [next(files) if source.path is not None else None for source in data.sources]
+
+
+def read_chats(source: DataSource, path: Path | None, seen: set[str], near: NearDuplicates | None):
+    """Normalised, trainable, not-yet-seen chats of one source, and its stats."""
+    found = read_source(source, path)
+    fmt = source.format if source.format != "auto" else detect_format(found.rows[0])
+    if fmt is None:
+        raise XtrainError(
+            f"{found.where(0)}: cannot tell the format from the columns {sorted(found.rows[0])}; set "
+            "data.sources[].format (messages, sharegpt, alpaca, prompt_completion, text) and map names in `columns`"
+        )
+    normaliser = Normaliser(source, fmt)
+    chats, dropped = [], Counter()
+    for index, row in enumerate(found.rows):
+        try:
+            chat = normaliser.read(row)
+        except RowError as exc:
+            raise XtrainError(f"{found.where(index)}: {exc}") from None
+        reason = drop_reason(chat)
+        key = exact_key(chat) if reason is None else None
+        if reason is None and key in seen:
+            reason = "duplicate"
+        elif reason is None and near is not None and near.seen(chat):
+            reason = "near duplicate"
+        if reason is not None:
+            dropped[reason] += 1
+            continue
+        seen.add(key)
+        chats.append(chat)
+    stats = {"format": fmt, "rows": len(found.rows), "weight": source.weight}
+    return found.name, chats, dropped, stats
+
+
+def tokenize(chats: list[Chat], tokenizer, template: str | None, data: Data) -> pa.Table:
+    """input_ids and assistant_masks of every chat, in order.
+
+    One process: each batch is tokenized by the Rust tokenizer on every core already, and measured on
+    2 cores, `datasets` workers (num_proc=2) made this stage slower (bench/bench_prepare.py).
+    """
+    from datasets import Dataset
+
+    dataset = Dataset.from_dict({"messages": [c["messages"] for c in chats], "tools": [c["tools"] for c in chats]})
+    encoded = dataset.map(
+        encode_batch,
+        batched=True,
+        batch_size=BATCH_ROWS,
+        remove_columns=["messages", "tools"],
+        fn_kwargs={"tokenizer": tokenizer, "template": template, "train_on_inputs": data.train_on_inputs},
+        new_fingerprint=content_hash([len(chats), data.model_dump(mode="json")])[:32],  # skip hashing the tokenizer
+        desc="tokenize",
+    )
+    return encoded.with_format("arrow")[:]
+
+
+def fit_lengths(table: pa.Table, seq_len: int, over_length: str) -> tuple[pa.Table, np.ndarray, list[str | None]]:
+    """Truncate or mark over-length rows; rows with nothing left to train on are marked too."""
+    lengths = pc.list_value_length(table["input_ids"]).to_numpy()
+    masks = table["assistant_masks"].combine_chunks()
+    ends = masks.offsets.to_numpy()
+    cumulative = np.concatenate([[0], np.cumsum(masks.values.to_numpy(), dtype=np.int64)])
+    kept_len = np.minimum(lengths, seq_len) if over_length == "truncate" else lengths
+    supervised = cumulative[ends[:-1] + kept_len] - cumulative[ends[:-1]]
+    reasons = [
+        "over seq_len" if over_length == "drop" and n > seq_len else "no supervised tokens" if s == 0 else None
+        for n, s in zip(lengths, supervised)
+    ]
+    if over_length == "truncate":
+        table = pa.table({name: pc.list_slice(table[name], 0, seq_len) for name in table.column_names})
+    return table, lengths > seq_len, reasons
+
+
+def pack(table: pa.Table, seq_len: int):
+    """Best-fit-decreasing into seq_len bins with TRL's packer (the `seq_lengths` its collator turns into position ids)."""
+    from datasets import Dataset
+    from trl.data_utils import pack_dataset
+
+    dataset = Dataset(table.select(["input_ids", "assistant_masks"]))
+    return pack_dataset(dataset, seq_len, strategy="bfd", map_kwargs={"batch_size": len(dataset)}).with_format(
+        "arrow"
+    )[:]
+
+
+def prepare(sources: list[Path], model_dir: Path, data: Data, out: Path) -> dict[str, Any]:
+    """Build `out` (train/eval Parquet, manifest.json, preview.txt) atomically; return the manifest.
+
+    `sources` are the local files of `data.sources` in order (hub sources have none).
+    """
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    seen: set[str] = set()
+    near = NearDuplicates(data.near_dedupe_threshold) if data.near_dedupe_threshold else None
+    chats, origin, per_source = [], [], {}
+    for index, (source, path) in enumerate(zip(data.sources, local_paths(data, sources))):
+        name, found, dropped, stats = read_chats(source, path, seen, near)
+        per_source[name] = {**stats, "dropped": dropped}
+        chats += found
+        origin += [index] * len(found)
+
+    template = None
+    if any(chat["messages"][0]["role"] != TEXT_ROLE for chat in chats):
+        template, label = choose_template(tokenizer, data.chat_template, model_dir)
+        if not data.train_on_inputs:
+            check_template(tokenizer, template, label)
+    table, over, reasons = fit_lengths(tokenize(chats, tokenizer, template, data), data.seq_len, data.over_length)
+
+    names = list(per_source)
+    splits: dict[str, list[int]] = {name: [] for name in SPLITS}
+    row_hashes: dict[int, str] = {}
+    for row, (chat, source_index, reason) in enumerate(zip(chats, origin, reasons)):
+        stats = per_source[names[source_index]]
+        if reason is not None:
+            stats["dropped"][reason] += 1
+            continue
+        stats["truncated"] = stats.get("truncated", 0) + int(over[row])
+        row_hash = row_hashes[row] = content_hash(chat)
+        if is_eval_row(row_hash, data.eval_fraction):
+            splits["eval"].append(row)
+        else:
+            splits["train"].extend([row] * repeats(row_hash, data.sources[source_index].weight))
+    for stats in per_source.values():
+        stats["kept"] = stats["rows"] - sum(stats["dropped"].values())
+        stats["dropped"] = dict(sorted(stats["dropped"].items()))
+        stats.setdefault("truncated", 0)
+
+    for name, rows in splits.items():
+        if not rows:
+            usable = sum(s["kept"] for s in per_source.values())
+            raise XtrainError(f"the {name} split is empty ({usable} usable rows); add data or change data.eval_fraction")
+    tables = {
+        name: table.take(pa.array(rows, pa.int64())).append_column(
+            "row_hash", pa.array([row_hashes[r] for r in rows], pa.string())
+        )
+        for name, rows in splits.items()
+    }
+    examples = tables["train"]
+    if data.packing:
+        tables["train"] = pack(examples, data.seq_len)
+
+    manifest: dict[str, Any] = {
+        "sources": per_source,
+        "seq_len": data.seq_len,
+        "chat_template": data.chat_template,
+        "train_on_inputs": data.train_on_inputs,
+        "packing": data.packing,
+        "splits": {name: split_stats(split, data.seq_len) for name, split in tables.items()},
+    }
+
+    with atomic_dir(out) as staging:
+        fingerprint = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode())
+        fingerprint.update((template or "").encode())
+        for name, split in tables.items():
+            Dataset(split).to_parquet(str(staging / f"{name}.parquet"))
+            fingerprint.update((staging / f"{name}.parquet").read_bytes())
+        manifest["fingerprint"] = fingerprint.hexdigest()
+        write_json(staging / "manifest.json", manifest)
+        (staging / "preview.txt").write_text(preview(examples, tokenizer), encoding="utf-8")
+        if template:  # the checkpoint ships the template the data was rendered with
+            (staging / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
+    for name, stats in per_source.items():
+        log.info("%s (%s): kept %d of %d rows, dropped %s", name, stats["format"], stats["kept"], stats["rows"],
+                 stats["dropped"] or "none")
+    return manifest

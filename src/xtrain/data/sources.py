@@ -1,0 +1,140 @@
+"""Reading one data source into plain rows, each with where it came from (file and line, or row number).
+
+Owns every way a user can hand us data: a local JSON array, JSON lines, CSV, Parquet, a folder written by
+`datasets.save_to_disk`, or a hub dataset id. Problems with the file itself (missing, not UTF-8, malformed
+JSON, empty) are `XtrainError`s that name the file and the line or row.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import XtrainError
+from ..recipe import DataSource
+
+FILE_TYPES = (".json", ".jsonl", ".csv", ".parquet")
+
+
+@dataclass(frozen=True)
+class SourceRows:
+    name: str
+    rows: list[dict[str, Any]]
+    lines: list[int] | None = None  # file line of each row (JSON lines, CSV); None: rows are counted from 1
+
+    def where(self, index: int) -> str:
+        return f"{self.name}:{self.lines[index]}" if self.lines else f"{self.name} row {index + 1}"
+
+
+def read_source(source: DataSource, path: Path | None) -> SourceRows:
+    """All rows of `source`; `path` is where its local file is (None for a hub source)."""
+    if source.hub is not None:
+        found = SourceRows(source.name, read_hub(source.hub, source.split))
+    elif not path.exists():
+        raise XtrainError(f"{path}: data source not found; fix data.sources[].path in the recipe")
+    elif path.is_dir():
+        found = SourceRows(str(path), read_saved_dataset(path, source.split))
+    elif path.suffix in READERS:
+        found = READERS[path.suffix](path)
+    else:
+        raise XtrainError(f"{path}: unknown file type {path.suffix!r}; use one of {', '.join(FILE_TYPES)}")
+    if not found.rows:
+        raise XtrainError(f"{found.name}: no rows; the file is empty")
+    for index, row in enumerate(found.rows):
+        if not isinstance(row, dict):
+            raise XtrainError(f"{found.where(index)}: a row must be an object of columns, got {type(row).__name__}")
+    return found
+
+
+def read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise XtrainError(f"{path}:{line}: not UTF-8 (byte {exc.start}); re-encode the file as UTF-8") from None
+
+
+def read_jsonl(path: Path) -> SourceRows:
+    rows, lines = [], []
+    for line_no, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise XtrainError(f"{path}:{line_no}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        lines.append(line_no)
+    return SourceRows(str(path), rows, lines)
+
+
+def read_json_array(path: Path) -> SourceRows:
+    text = read_text(path)
+    if not text.strip():
+        return SourceRows(str(path), [])
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise XtrainError(
+            f"{path}:{exc.lineno}: malformed JSON ({exc.msg} at column {exc.colno}); "
+            "a .json source is one array of row objects (use .jsonl for one object per line)"
+        ) from None
+    if not isinstance(rows, list):
+        raise XtrainError(f"{path}: a .json source is one array of row objects, got a {type(rows).__name__}")
+    return SourceRows(str(path), rows)
+
+
+def read_csv(path: Path) -> SourceRows:
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    rows, lines = [], []
+    for row in reader:
+        if None in row:
+            raise XtrainError(f"{path}:{reader.line_num}: more fields than the header has columns")
+        rows.append(row)
+        lines.append(reader.line_num)
+    return SourceRows(str(path), rows, lines)
+
+
+def read_parquet(path: Path) -> SourceRows:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise XtrainError(f"{path}: not a readable Parquet file ({exc})") from None
+    return SourceRows(str(path), table.to_pylist())
+
+
+def read_saved_dataset(path: Path, split: str) -> list[dict[str, Any]]:
+    from datasets import DatasetDict, load_from_disk
+
+    try:
+        dataset = load_from_disk(str(path))
+    except FileNotFoundError:
+        raise XtrainError(f"{path}: a folder source must be written by `datasets` save_to_disk") from None
+    if isinstance(dataset, DatasetDict):
+        if split not in dataset:
+            raise XtrainError(f"{path}: no split {split!r}; it has {sorted(dataset)}: set data.sources[].split")
+        dataset = dataset[split]
+    return dataset.to_list()
+
+
+def read_hub(dataset_id: str, split: str) -> list[dict[str, Any]]:
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(dataset_id, split=split).to_list()
+    except Exception as exc:  # offline, unknown id, gated, missing split: all end the same way for the user
+        raise XtrainError(
+            f"hub:{dataset_id}: cannot load split {split!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
+            f"Without network access, save a copy where there is one with "
+            f"`datasets.load_dataset({dataset_id!r}, split={split!r}).save_to_disk(FOLDER)` "
+            "and point data.sources[].path at FOLDER instead of `hub`"
+        ) from None
+
+
+READERS = {".json": read_json_array, ".jsonl": read_jsonl, ".csv": read_csv, ".parquet": read_parquet}
