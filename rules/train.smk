@@ -13,6 +13,7 @@ rule train:
         mem_mb=planned("mem_mb", 4096),
         runtime=planned("runtime", 60),
         gpu=planned("gpus", 0),
+        cpus_per_task=planned("cpus", 2),
         nodes=planned("nodes", 1),
     log:
         "logs/{recipe}/train.log",

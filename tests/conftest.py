@@ -7,12 +7,15 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# Caches (the plan's CPU probe, Hugging Face's) go to a fresh folder: tests neither read nor leave state in ~/.cache.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="xtrain-tests-cache-")
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # What a workflow copy needs: the workflow, the library, and the embedded demo inputs.
 WORKFLOW_PATHS = ("Snakefile", "rules", "config", "envs", "scripts", "src", "profiles", "data/demo", "data/tiny-llama")

@@ -8,20 +8,15 @@ from pathlib import Path
 import pytest
 
 from xtrain.errors import XtrainError
-from xtrain.plan import count_parameters, make_plan
+from xtrain.plan import ALLOCATOR_SLACK, GPU_CONTEXT_BYTES, count_parameters, make_plan
 from xtrain.recipe import Hardware, Train
-from xtrain.tiny_model import build_tiny_model
 
-ROOT = Path(__file__).parents[1]
-CORPUS = ROOT / "data/tiny-llama/corpus.txt"
 ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-llama")
-    build_tiny_model(CORPUS, out)
-    return out
+def model_dir(tiny_model) -> Path:
+    return tiny_model
 
 
 def manifest(rows: int = 100, mean_len: int = 50, seq_len: int = 128) -> dict:
@@ -164,22 +159,25 @@ def test_a_small_gpu_gets_checkpointing_or_a_smaller_micro_batch(model_dir, meth
     assert roomy["gradient_checkpointing"] is False
     need = roomy["memory"]["peak_bytes_per_device"]
 
-    # A GPU whose whole memory is 60% of what the unconstrained layout needs.
-    small = Hardware(accelerator="cuda", gpus=1, gpu_memory_gb=0.6 * need / 2**30)
+    # A GPU with room for 60% of the tensors the unconstrained layout needs, besides the runtime's own.
+    memory = GPU_CONTEXT_BYTES + ALLOCATOR_SLACK * 0.6 * need
+    small = Hardware(accelerator="cuda", gpus=1, gpu_memory_gb=memory / 2**30)
     plan = make_plan(model_dir, manifest(), train, small)
     assert plan["gradient_checkpointing"] or plan["layout"]["micro_batch_size"] < 8
-    assert plan["memory"]["peak_bytes_per_device"] <= plan["memory"]["budget_bytes_per_device"] <= 0.6 * need
+    assert plan["memory"]["peak_bytes_per_device"] <= 0.6 * need
+    assert plan["memory"]["reserved_bytes_per_device"] <= plan["memory"]["budget_bytes_per_device"]
     layout = plan["layout"]
     assert layout["micro_batch_size"] * layout["gradient_accumulation_steps"] == 8
     assert plan["memory"]["peak_bytes_per_device"] == sum(plan["memory"]["breakdown_bytes"].values())
 
 
-def test_a_run_that_cannot_fit_is_an_error_with_suggestions(model_dir):
-    tiny_gpu = Hardware(accelerator="cuda", gpus=1, gpu_memory_gb=1e-6)
+def test_a_run_that_fits_nowhere_says_no_single_change_fits(model_dir):
+    tiny_host = Hardware(accelerator="cpu", host_memory_gb=1.5)  # all of it the process's own
     with pytest.raises(XtrainError) as info:
-        make_plan(model_dir, manifest(), Train(method="full"), tiny_gpu)
+        make_plan(model_dir, manifest(), Train(method="full"), tiny_host)
     message = str(info.value)
-    assert "does not fit" in message
+    assert "does not fit" in message and "host RAM" in message
+    assert "No single change fits" in message
     assert "data.seq_len" in message
     assert "lora" in message
     assert "hardware.gpus" in message
@@ -187,25 +185,43 @@ def test_a_run_that_cannot_fit_is_an_error_with_suggestions(model_dir):
 
 def test_lora_needs_less_memory_than_full(model_dir):
     hw = Hardware(accelerator="cuda", gpus=1)
-    lora = make_plan(model_dir, manifest(), Train(method="lora"), hw)["memory"]["breakdown_bytes"]
-    full = make_plan(model_dir, manifest(), Train(method="full"), hw)["memory"]["breakdown_bytes"]
-    assert lora["optimizer"] < full["optimizer"]
-    assert lora["gradients"] < full["gradients"]
+    lora = make_plan(model_dir, manifest(), Train(method="lora"), hw)["memory"]
+    full = make_plan(model_dir, manifest(), Train(method="full"), hw)["memory"]
+    assert lora["breakdown_bytes"]["optimizer"] < full["breakdown_bytes"]["optimizer"]
+    assert lora["peak_bytes_per_device"] < full["peak_bytes_per_device"]
 
 
 # --- precision, resources, time ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("hardware", "precision"),
+    ("hardware", "method", "precision", "weights"),
     [
-        ({"accelerator": "cpu", "gpus": 0}, "fp32"),
-        ({"accelerator": "cuda", "gpus": 1}, "bf16"),
-        ({"accelerator": "cuda", "gpus": 8, "nodes": 2}, "bf16"),
+        ({"accelerator": "cuda", "gpus": 1}, "lora", "bf16", "bf16"),
+        ({"accelerator": "cuda", "gpus": 1}, "full", "bf16", "fp32"),
+        ({"accelerator": "cuda", "gpus": 8, "nodes": 2}, "lora", "bf16", "bf16"),
+        ({"accelerator": "cuda", "gpus": 1, "gpu_model": "v100"}, "lora", "fp16", "fp16"),
+        ({"accelerator": "rocm", "gpus": 1}, "full", "bf16", "fp32"),
     ],
 )
-def test_precision_follows_the_accelerator(model_dir, hardware, precision):
-    assert make_plan(model_dir, manifest(), Train(global_batch_size=16), Hardware(**hardware))["precision"] == precision
+def test_gpu_precision_is_bf16_where_supported_else_fp16(model_dir, hardware, method, precision, weights):
+    plan = make_plan(model_dir, manifest(), Train(method=method, global_batch_size=16), Hardware(**hardware))
+    assert (plan["precision"], plan["weights_dtype"]) == (precision, weights)
+
+
+def test_cpu_precision_is_the_faster_predicted_one(model_dir, monkeypatch):
+    import xtrain.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "cpu_supports_bf16", lambda: False)
+    assert make_plan(model_dir, manifest(), Train(), Hardware())["precision"] == "fp32"
+    monkeypatch.setattr(plan_module, "cpu_supports_bf16", lambda: True)
+    chosen = make_plan(model_dir, manifest(), Train(), Hardware())
+    seconds = {}
+    for precision in ("fp32", "bf16"):
+        monkeypatch.setattr(plan_module, "precisions", lambda hardware, p=precision: [p])
+        seconds[precision] = make_plan(model_dir, manifest(), Train(), Hardware())["time"]["seconds_per_step"]
+    assert chosen["precision"] == min(seconds, key=seconds.get)
+    assert chosen["weights_dtype"] == "fp32"
 
 
 @pytest.mark.parametrize(
@@ -230,6 +246,7 @@ def test_plan_carries_the_data_summary(model_dir):
         "train_tokens": 5000,
         "supervised_tokens": 5000 // 3,
         "seq_len": 128,
+        "longest_sequence_tokens": 128,
         "mean_sequence_tokens": 50.0,
         "fingerprint": m["fingerprint"],
     }

@@ -17,6 +17,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .gpus import DEFAULT_GPU, GPUS
+
 BACKENDS = ("trl_cpu", "trl_local", "axolotl", "unsloth", "torchtune", "primus")
 RECIPE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
@@ -38,19 +40,102 @@ class Model(Section):
     path: str = Field(description="Folder with config.json, tokenizer and weights, relative to the project.")
 
 
+# Row formats a source may hold, and the columns (and turn keys) each reads, under their canonical names.
+# `DataSource.columns` renames any of them to what a file really calls it.
+SOURCE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "messages": ("messages", "role", "content", "tools"),
+    "sharegpt": ("conversations", "from", "value", "system", "tools"),
+    "alpaca": ("instruction", "input", "output", "system", "history"),
+    "prompt_completion": ("prompt", "completion"),
+    "text": ("text",),
+}
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
 class DataSource(Section):
-    path: str = Field(description="Local data file, relative to the project.")
-    format: Literal["messages"] = Field("messages", description="Row format; `messages` is OpenAI chat JSONL.")
+    """One dataset: a local file or folder, or a hub id; its row format and how its names map to ours."""
+
+    # Required unless `hub` is given (then it is null): a source with neither says "path is missing".
+    path: str | None = Field(
+        description="Local .json (array), .jsonl, .csv or .parquet file, or a `datasets.save_to_disk` folder, "
+        "relative to the project; null with `hub`.",
+    )
+    hub: str | None = Field(None, description="Hugging Face hub dataset id (needs the network or a local cache).")
+    split: str = Field("train", description="Split read from a hub dataset or a saved DatasetDict.")
+    format: Literal["auto", *SOURCE_COLUMNS] = Field(
+        "auto", description="Row format: " + ", ".join(SOURCE_COLUMNS) + "; `auto` tells it from the first row."
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Canonical name -> this source's name, e.g. {instruction: question} or {from: speaker}.",
+    )
+    roles: dict[str, str] = Field(
+        default_factory=dict,
+        description="Role name in the data -> " + ", ".join(CHAT_ROLES) + ", e.g. {bot: assistant}.",
+    )
+    weight: PositiveFloat = Field(
+        1.0, description="Times each train row of this source is used: 2 doubles it, 0.5 keeps half (by hash)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_path_with_hub(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("hub") is not None and "path" not in data:
+            return {**data, "path": None}
+        return data
+
+    @model_validator(mode="after")
+    def _one_location_and_known_names(self) -> DataSource:
+        if (self.path is None) == (self.hub is None):
+            raise ValueError("give exactly one of `path` (a local file or folder) and `hub` (a hub dataset id)")
+        if self.columns and self.format == "auto":
+            raise ValueError("`columns` renames the columns of one format: set `format` too")
+        allowed = SOURCE_COLUMNS.get(self.format, ())
+        unknown = sorted(set(self.columns) - set(allowed))
+        if unknown:
+            raise ValueError(f"columns {unknown} are not read by format {self.format}; it reads {list(allowed)}")
+        bad_roles = sorted(role for role in self.roles.values() if role not in CHAT_ROLES)
+        if bad_roles:
+            raise ValueError(f"roles map to {bad_roles}; map each to one of {list(CHAT_ROLES)}")
+        return self
+
+    @property
+    def name(self) -> str:
+        """How manifests and messages name this source."""
+        return self.path if self.path is not None else f"hub:{self.hub}"
 
 
 class Data(Section):
     """What to train on and how it is cut into token sequences."""
 
-    sources: list[DataSource] = Field(min_length=1, description="One or more local data files.")
-    seq_len: PositiveInt = Field(512, le=131072, description="Longest token sequence; longer rows are dropped.")
+    sources: list[DataSource] = Field(min_length=1, description="One or more datasets, mixed by `weight`.")
+    seq_len: PositiveInt = Field(512, le=131072, description="Longest token sequence (and packing bin size).")
     eval_fraction: float = Field(
         0.1, gt=0, lt=1, description="Share of rows held out for evaluation, chosen by content hash."
     )
+    over_length: Literal["drop", "truncate"] = Field(
+        "drop", description="Rows longer than seq_len are dropped, or cut to seq_len; both are counted."
+    )
+    near_dedupe_threshold: float | None = Field(
+        None, gt=0, le=1, description="Drop rows whose MinHash Jaccard similarity to a kept row reaches this; null: off."
+    )
+    chat_template: Literal["tokenizer", "chatml"] = Field(
+        "tokenizer", description="The model tokenizer's chat template, or a built-in one by name."
+    )
+    train_on_inputs: bool = Field(
+        False, description="Train on every token; by default only assistant turns (and their end-of-turn token)."
+    )
+    packing: bool = Field(
+        False, description="Pack train rows best-fit-decreasing into seq_len sequences that do not attend to each other."
+    )
+
+    @model_validator(mode="after")
+    def _each_source_once(self) -> Data:
+        names = [source.name for source in self.sources]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"sources {repeated} are listed more than once: list each once and use `weight`")
+        return self
 
 
 class Lora(Section):
@@ -94,6 +179,9 @@ class Train(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: PositiveFloat = Field(1.0, description="Gradient clipping norm.")
     logging_steps: PositiveInt = Field(5, description="Record the loss every this many steps.")
+    checkpoint_minutes: PositiveFloat = Field(
+        15, description="Save a resumable trainer checkpoint at least this often (and at each quarter of the run)."
+    )
     seed: int = Field(0, ge=0, description="Seed for weights of new layers, dropout and data order.")
 
     # Fields that decide the run's shape (memory, time, batch layout); the plan reads only these.
@@ -118,7 +206,20 @@ class Hardware(Section):
     accelerator: Literal["cpu", "cuda", "rocm"] = Field("cpu", description="Device kind to train on.")
     gpus: int = Field(0, ge=0, description="GPUs per node (0 for CPU).")
     nodes: PositiveInt = Field(1, description="Number of nodes.")
-    gpu_memory_gb: PositiveFloat | None = Field(None, description="Memory per GPU in GiB; default 80 for cuda, 192 for rocm.")
+    gpu_model: Literal[tuple(GPUS)] | None = Field(
+        None,
+        description="GPU model, for its memory and peak throughput in the plan; default "
+        + ", ".join(f"{model} for {kind}" for kind, model in DEFAULT_GPU.items()) + ".",
+    )
+    gpu_memory_gb: PositiveFloat | None = Field(
+        None, description="Memory per GPU in GiB; default: the gpu_model's (set it for a partitioned GPU)."
+    )
+    cpus: PositiveInt | None = Field(
+        None, description="CPU cores per node for the training job; default: the planning machine's count."
+    )
+    host_memory_gb: PositiveFloat | None = Field(
+        None, description="Host RAM per node in GiB; default: the planning machine's."
+    )
 
     @model_validator(mode="after")
     def _gpus_match_accelerator(self) -> Hardware:
@@ -126,12 +227,22 @@ class Hardware(Section):
             raise ValueError(f"gpus is {self.gpus} but accelerator is `cpu`: set accelerator: cuda or rocm, or gpus: 0")
         if self.accelerator != "cpu" and not self.gpus:
             raise ValueError(f"accelerator is `{self.accelerator}` but gpus is 0: set gpus to at least 1")
+        if self.gpu_model and GPUS[self.gpu_model].vendor != self.accelerator:
+            raise ValueError(
+                f"gpu_model {self.gpu_model} is a {GPUS[self.gpu_model].vendor} device but accelerator is "
+                f"`{self.accelerator}`: fix one of them"
+            )
         return self
 
     @property
     def devices(self) -> int:
         """Data-parallel workers: GPUs over all nodes, or one CPU process."""
         return max(self.gpus, 1) * self.nodes
+
+    @property
+    def gpu(self) -> str | None:
+        """The GPU model the plan assumes: the recipe's, else the accelerator's default."""
+        return self.gpu_model or DEFAULT_GPU.get(self.accelerator)
 
 
 class Eval(Section):

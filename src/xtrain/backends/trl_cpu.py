@@ -9,10 +9,23 @@ from ..recipe import Data, Hardware, Train
 from . import TrainJob, TrainResult
 
 
-def last_checkpoint(work_dir) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+def save_every(seconds: float):
+    """A trainer callback that saves a checkpoint whenever `seconds` have passed since the last one:
+    a scheduler's time limit or a preemption then costs at most that much work."""
+    from transformers import TrainerCallback
 
-    return get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
+    class SaveEvery(TrainerCallback):
+        def __init__(self):
+            self.last = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.monotonic() - self.last >= seconds:
+                control.should_save = True
+
+        def on_save(self, args, state, control, **kwargs):
+            self.last = time.monotonic()
+
+    return SaveEvery()
 
 
 class TrlCpu:
@@ -35,11 +48,16 @@ class TrlCpu:
         from trl import SFTConfig, SFTTrainer
 
         train, plan = job.train, job.plan
-        if plan["precision"] != "fp32":
+        if plan["precision"] not in ("fp32", "bf16"):
             raise XtrainError(f"plan precision {plan['precision']!r} is not supported by trl_cpu; re-run the plan")
         tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
         model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)
-        dataset = Dataset.from_parquet(str(job.prepared_dir / "train.parquet")).remove_columns("row_hash")
+        # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.
+        model.config.use_cache = False
+        dataset = Dataset.from_parquet(str(job.prepared_dir / "train.parquet"))
+        # Prepare packs with TRL's packer: `seq_lengths` marks the sequences inside each row.
+        packed = "seq_lengths" in dataset.column_names
+        dataset = dataset.select_columns(["input_ids", "assistant_masks"] + (["seq_lengths"] if packed else []))
         peft_config = None
         if train.method == "lora":
             peft_config = LoraConfig(**train.lora.peft_kwargs(), task_type="CAUSAL_LM")
@@ -47,7 +65,7 @@ class TrlCpu:
         args = SFTConfig(
             output_dir=str(job.work_dir),
             use_cpu=True,
-            bf16=False,
+            bf16=plan["precision"] == "bf16",  # autocast on the CPU; the weights stay fp32
             fp16=False,
             per_device_train_batch_size=layout["micro_batch_size"],
             gradient_accumulation_steps=layout["gradient_accumulation_steps"],
@@ -62,12 +80,15 @@ class TrlCpu:
             optim="adamw_torch",
             seed=train.seed,
             data_seed=train.seed,
-            max_length=plan["data"]["seq_len"],
+            # Packed rows already fit seq_len, and TRL refuses max_length with padding-free batches.
+            max_length=None if packed else plan["data"]["seq_len"],
             packing=False,
+            padding_free=packed,
+            train_sampling_strategy="random" if packed else "group_by_length",
             logging_steps=train.logging_steps,
             logging_first_step=True,
             save_strategy="steps",
-            save_steps=max(1, plan["time"]["steps"] // 4),
+            save_steps=max(1, plan["time"]["steps"] // 4),  # and every checkpoint_minutes, below
             save_total_limit=2,
             include_num_input_tokens_seen="non_padding",
             report_to=[],
@@ -75,10 +96,11 @@ class TrlCpu:
             dataloader_num_workers=0,
         )
         trainer = SFTTrainer(
-            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config
+            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
+            callbacks=[save_every(train.checkpoint_minutes * 60)],
         )
         started = time.perf_counter()
-        trainer.train(resume_from_checkpoint=last_checkpoint(job.work_dir))
+        trainer.train(resume_from_checkpoint=job.resume_from)
         seconds = time.perf_counter() - started
         trainer.save_model(str(job.out))
         tokenizer.save_pretrained(str(job.out))

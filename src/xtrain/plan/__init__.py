@@ -1,0 +1,280 @@
+"""The plan stage: how a run is laid out, and what it will cost, decided before any device is allocated.
+
+From the model's config (built on the meta device: no weights are read), the prepared data's manifest
+and the recipe's hardware, choose precision, micro-batch and accumulation, gradient checkpointing (only
+when the run does not fit without it) and the parallel layout (DDP; FSDP when a replica does not fit),
+predict peak memory per device (`memory`) and time (`speed`), and size the launch resources the train
+rule asks the scheduler for. A run that fits nowhere fails here, naming the smallest changes that fit.
+docs/plan.md documents plan.json field by field.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import XtrainError
+from ..gpus import GPUS
+from ..recipe import Hardware, Train
+from .memory import BYTES, Step, analytical, traced
+from .model import count_parameters
+from .speed import cpu_count, cpu_supports_bf16, device_rates, flops_per_token
+
+__all__ = ["count_parameters", "make_plan"]
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+# Host memory a training process needs besides the model: interpreter, torch, transformers, trl.
+PROCESS_OVERHEAD_BYTES = int(1.5 * GIB)
+HOST_HEADROOM = 0.9  # share of a CPU node's RAM a run may fill; the rest is the OS's
+# What torch.cuda.max_memory_allocated does not see: the CUDA/HIP context and cuBLAS workspaces, and the
+# caching allocator's fragmentation on top of the tensors' peak.
+GPU_CONTEXT_BYTES = int(0.75 * GIB)
+ALLOCATOR_SLACK = 1.1
+FSDP_GATHERED_BLOCKS = 2  # FSDP holds the current block's full weights and prefetches the next one
+GPU_HOST_CPUS = 8  # cores per GPU for the launcher and data loading, when hardware.cpus is unset
+
+
+@dataclass
+class Planner:
+    """One recipe's model, training method and hardware, and how each candidate step is estimated."""
+
+    model_dir: Path
+    train: Train
+    hardware: Hardware
+    params: dict[str, Any]
+    estimator: str = "traced"
+    fallback_reason: str | None = None
+
+    def breakdown(self, step: Step, strategy: str) -> dict[str, int]:
+        """Peak bytes on one device, by kind, with FSDP's sharding applied."""
+        per_device = self.estimate(step)
+        if strategy != "fsdp":
+            return per_device
+        n, block = self.hardware.devices, self.params["largest_layer"]
+        return {
+            **per_device,
+            "weights": per_device["weights"] // n + FSDP_GATHERED_BLOCKS * block * BYTES[step.weights_dtype],
+            "gradients": per_device["gradients"] // n + (block * 4 if self.train.method == "full" else 0),
+            "optimizer": per_device["optimizer"] // n,
+        }
+
+    def estimate(self, step: Step) -> dict[str, int]:
+        if self.estimator == "traced":
+            try:
+                return traced(self.model_dir, self.train, step).breakdown
+            except Exception as exc:  # an architecture the fake-tensor trace cannot run: fall back, say why
+                self.estimator, self.fallback_reason = "analytical", f"{type(exc).__name__}: {exc}"[:300]
+                log.warning("memory trace failed, using the analytical estimator: %s", self.fallback_reason)
+        return analytical(self.params, self.train.method, step)
+
+    def reserved(self, peak: int) -> int:
+        """What the device must hold for a tensor peak of `peak` bytes."""
+        return peak if self.hardware.accelerator == "cpu" else int(peak * ALLOCATOR_SLACK) + GPU_CONTEXT_BYTES
+
+    def budget(self, gpu: str | None = None) -> int:
+        """Bytes one device offers: a GPU's memory, or a CPU node's RAM less the process's own."""
+        hardware = self.hardware
+        if hardware.accelerator == "cpu":
+            total = (hardware.host_memory_gb * GIB if hardware.host_memory_gb
+                     else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+            return int(total * HOST_HEADROOM) - PROCESS_OVERHEAD_BYTES
+        if gpu is None and hardware.gpu_memory_gb:
+            return int(hardware.gpu_memory_gb * GIB)
+        return int(GPUS[gpu or hardware.gpu].memory_gib * GIB)
+
+    def fits(self, step: Step, strategy: str) -> bool:
+        return self.reserved(sum(self.breakdown(step, strategy).values())) <= self.budget()
+
+    def seconds_per_micro_step(self, step: Step, tokens: float) -> tuple[float, dict[str, Any]]:
+        """Predicted seconds of one forward+backward(+optimizer) over `tokens` tokens, and its terms."""
+        rates = device_rates(self.hardware, step.precision, self.params["hidden_size"])
+        if self.estimator == "traced":
+            trace = traced(self.model_dir, self.train, step)
+            per_token, ops, source = trace.flops / (step.micro_batch * step.seq_len), trace.ops, "traced"
+        else:  # without a trace the op count is unknown: small models will run slower than predicted
+            per_token, ops, source = flops_per_token(self.params, step.seq_len, step.checkpointing), 0, "analytical"
+        seconds = tokens * per_token / rates["matmul_flops"] + ops * rates["op_seconds"]
+        return seconds, {"flops_per_token": round(per_token), "flops_source": source, "ops_per_micro_step": ops,
+                         "device_flops": rates["matmul_flops"], "op_seconds": rates["op_seconds"],
+                         "throughput_source": rates["source"]}
+
+
+def make_plan(model_dir: Path, manifest: dict, train: Train, hardware: Hardware) -> dict[str, Any]:
+    params = count_parameters(model_dir, train)
+    planner = Planner(model_dir, train, hardware, params)
+    data = manifest["splits"]["train"]
+    # Batches are padded to their longest row, so the longest row sets the peak.
+    longest = min(data.get("max_len") or manifest["seq_len"], manifest["seq_len"])
+    mean_len = data["tokens"] / data["rows"]
+    per_device = check_micro_batch(train, hardware)
+    steps = train.max_steps or math.ceil(math.ceil(data["rows"] / train.global_batch_size) * train.epochs)
+
+    candidates = []
+    for precision in precisions(hardware):
+        layout = choose_layout(planner, precision, per_device, longest)
+        if layout:
+            micro_seconds, speed = planner.seconds_per_micro_step(layout["step"], layout["step"].micro_batch * mean_len)
+            candidates.append((micro_seconds * layout["accumulation"], layout, speed))
+    if not candidates:
+        raise does_not_fit(planner, precisions(hardware)[0], per_device, longest)
+    step_seconds, layout, speed = min(candidates, key=lambda c: c[0])  # the fastest precision that fits
+    step = layout["step"]
+    breakdown = planner.breakdown(step, layout["strategy"])
+    peak = sum(breakdown.values())
+    seconds = steps * step_seconds
+    return {
+        "model": params,
+        "data": {
+            "train_rows": data["rows"],
+            "train_tokens": data["tokens"],
+            "supervised_tokens": data["supervised_tokens"],
+            "seq_len": manifest["seq_len"],
+            "longest_sequence_tokens": longest,
+            "mean_sequence_tokens": round(mean_len, 1),
+            "fingerprint": manifest["fingerprint"],
+        },
+        "layout": {
+            "strategy": layout["strategy"],
+            "devices": hardware.devices,
+            "nodes": hardware.nodes,
+            "global_batch_size": train.global_batch_size,
+            "micro_batch_size": step.micro_batch,
+            "gradient_accumulation_steps": layout["accumulation"],
+        },
+        "precision": step.precision,
+        "weights_dtype": step.weights_dtype,
+        "gradient_checkpointing": step.checkpointing,
+        "memory": {
+            "estimator": planner.estimator,
+            **({"trace_error": planner.fallback_reason} if planner.fallback_reason else {}),
+            "device": hardware.gpu or "cpu",
+            "peak_bytes_per_device": peak,
+            "reserved_bytes_per_device": planner.reserved(peak),
+            "budget_bytes_per_device": planner.budget(),
+            "breakdown_bytes": breakdown,
+            "analytical_peak_bytes_per_device": int(sum(analytical(params, train.method, step).values())),
+        },
+        "time": {
+            "steps": steps,
+            "tokens_per_step": round(train.global_batch_size * mean_len),
+            **speed,
+            "seconds_per_step": round(step_seconds, 4),
+            "seconds": round(seconds, 1),
+        },
+        "resources": resources(planner, peak, seconds),
+    }
+
+
+def precisions(hardware: Hardware) -> list[str]:
+    """Candidate autocast dtypes: bf16 where the device has it natively, fp16 on older GPUs, fp32 on CPUs."""
+    if hardware.accelerator != "cpu":
+        return ["bf16" if GPUS[hardware.gpu].bf16 else "fp16"]
+    return ["fp32", "bf16"] if cpu_supports_bf16() else ["fp32"]
+
+
+def check_micro_batch(train: Train, hardware: Hardware) -> int:
+    """Sequences per device per optimizer step; a fixed micro-batch must divide it."""
+    per_device = train.global_batch_size // hardware.devices
+    if train.micro_batch_size and per_device % train.micro_batch_size:
+        raise XtrainError(
+            f"train.micro_batch_size {train.micro_batch_size} does not divide the per-device batch {per_device} "
+            f"(global_batch_size {train.global_batch_size} over {hardware.devices} devices); choose a divisor"
+        )
+    return per_device
+
+
+def strategies(planner: Planner) -> list[str]:
+    return ["single"] if planner.hardware.devices == 1 else ["ddp", "fsdp"]
+
+
+def first_step(planner: Planner, precision: str, micro: int, seq_len: int, checkpointing: bool) -> Step:
+    hardware = planner.hardware
+    # Full fine-tunes keep fp32 master weights; LoRA holds the frozen base in the GPU's 16-bit dtype.
+    weights = precision if planner.train.method == "lora" and hardware.accelerator != "cpu" else "fp32"
+    return Step(micro, seq_len, precision, weights, checkpointing, foreach=hardware.accelerator != "cpu")
+
+
+def choose_layout(planner: Planner, precision: str, per_device: int, seq_len: int) -> dict[str, Any] | None:
+    """Largest micro-batch that fits: without checkpointing if any does, replicas (DDP) before shards (FSDP)."""
+    train = planner.train
+    micros = [train.micro_batch_size] if train.micro_batch_size else [m for m in range(per_device, 0, -1)
+                                                                      if per_device % m == 0]
+    for checkpointing in (False, True):
+        for strategy in strategies(planner):
+            # Memory grows with the micro-batch: when the smallest does not fit, no other will (a trace saved).
+            if not planner.fits(first_step(planner, precision, micros[-1], seq_len, checkpointing), strategy):
+                continue
+            for micro in micros:
+                step = first_step(planner, precision, micro, seq_len, checkpointing)
+                if planner.fits(step, strategy):
+                    return {"step": step, "strategy": strategy, "accumulation": per_device // micro}
+    return None
+
+
+def does_not_fit(planner: Planner, precision: str, per_device: int, seq_len: int) -> XtrainError:
+    """The error for a run that fits in no layout, naming each single change that would make it fit."""
+    hardware, train = planner.hardware, planner.train
+    strategy = strategies(planner)[-1]
+    micro = train.micro_batch_size or 1
+    smallest = first_step(planner, precision, micro, seq_len, checkpointing=True)
+    need = planner.reserved(sum(planner.breakdown(smallest, strategy).values()))
+    fixes = []
+    shorter = seq_len // 2
+    while shorter >= 16 and not planner.fits(replace(smallest, seq_len=shorter), strategy):
+        shorter //= 2
+    if shorter >= 16:
+        fixes.append(f"data.seq_len: {shorter} (rows now reach {seq_len} tokens)")
+    if train.method == "full":
+        lora = Planner(planner.model_dir, Train(method="lora"), hardware, count_parameters(planner.model_dir, Train()))
+        if choose_layout(lora, precision, per_device, seq_len):
+            fixes.append("train.method: lora")
+    if hardware.accelerator != "cpu":
+        fixes += more_gpus(planner, smallest, need)
+    where = (f"{hardware.gpu} ({planner.budget() / GIB:.1f} GiB)" if hardware.accelerator != "cpu"
+             else f"host RAM ({planner.budget() / GIB:.1f} GiB after the process's own)")
+    settings = f"micro-batch {micro}, gradient checkpointing, {precision}" + (", FSDP" if strategy == "fsdp" else "")
+    advice = ("Smallest changes that fit, each on its own: " + "; ".join(fixes) if fixes else
+              "No single change fits: lower data.seq_len, use train.method: lora, and add GPUs (hardware.gpus) together")
+    return XtrainError(f"the run does not fit: {need / GIB:.2f} GiB per device even with {settings}, "
+                       f"over {where}. {advice}")
+
+
+def more_gpus(planner: Planner, step: Step, need: int) -> list[str]:
+    """More devices (FSDP shards weights, gradients and optimizer states), or one larger GPU model."""
+    fixes = []
+    for devices in range(planner.hardware.devices + 1, 1025):
+        more = Planner(planner.model_dir, planner.train, planner.hardware.model_copy(
+            update={"gpus": devices, "nodes": 1}), planner.params, planner.estimator)
+        if more.fits(step, "fsdp"):
+            fixes.append(f"hardware.gpus x hardware.nodes: {devices} GPUs in all, with FSDP")
+            break
+    vendor = GPUS[planner.hardware.gpu].vendor
+    larger = sorted((gpu.memory_gib, name) for name, gpu in GPUS.items()
+                    if gpu.vendor == vendor and gpu.memory_gib * GIB >= need)
+    if larger:
+        unset = " and no hardware.gpu_memory_gb" if planner.hardware.gpu_memory_gb else ""
+        fixes.append(f"hardware.gpu_model: {larger[0][1]} ({larger[0][0]:.0f} GiB){unset}")
+    return fixes
+
+
+def resources(planner: Planner, peak: int, seconds: float) -> dict[str, int]:
+    """What the train job asks the scheduler for, per node: GPUs, cores, host memory, minutes."""
+    hardware, params = planner.hardware, planner.params
+    if hardware.accelerator == "cpu":
+        host_bytes, cpus = PROCESS_OVERHEAD_BYTES + peak, cpu_count(hardware)
+    else:  # each GPU's process holds a host copy of the weights while loading them
+        host_bytes = hardware.gpus * (PROCESS_OVERHEAD_BYTES + params["total"] * 4)
+        cpus = hardware.cpus or GPU_HOST_CPUS * hardware.gpus
+    return {
+        "gpus": hardware.gpus,
+        "nodes": hardware.nodes,
+        "cpus": cpus,
+        "mem_mb": math.ceil(host_bytes * 1.25 / 2**20),
+        # Half again the prediction, plus ten minutes for loading, saving and scheduling.
+        "runtime": math.ceil(seconds * 1.5 / 60) + 10,
+    }

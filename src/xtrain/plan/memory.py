@@ -1,0 +1,192 @@
+"""Peak memory of one training step on one device, by two estimators with the same breakdown.
+
+`traced` runs one real step of the model (forward, backward, AdamW step, twice so optimizer states
+exist) on fake tensors: PyTorch's FakeTensorMode gives every op its true output shape and dtype without
+allocating, and `torch.distributed._tools.mem_tracker.MemTracker` sorts live tensors into weights,
+gradients, optimizer states, activations and workspace and keeps the peak. The same pass counts the
+step's FLOPs (`torch.utils.flop_counter`'s formulas) and dispatched ops, which the time prediction uses.
+`analytical` is the closed formula (weights + trainable × optimizer bytes + per-layer activations +
+logits); it needs no model code and is the fallback and the cross-check.
+
+Both describe the device the plan targets, not the machine running the plan: GPU steps are traced on
+CPU fakes with the GPU's precision and AdamW's multi-tensor (`foreach`) path.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+from unittest import mock
+
+from ..recipe import Train
+from .model import meta_model, transformers_model
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BREAKDOWN_KEYS = ("weights", "gradients", "optimizer", "activations", "workspace")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One training step as the plan lays it out on one device."""
+
+    micro_batch: int
+    seq_len: int
+    precision: str  # autocast dtype: fp32 (no autocast), bf16 or fp16
+    weights_dtype: str  # dtype the frozen weights are held in; trainable ones are always fp32
+    checkpointing: bool
+    foreach: bool  # AdamW's multi-tensor path, as torch picks it on GPUs
+
+
+class Trace(NamedTuple):
+    breakdown: dict[str, int]  # bytes at the peak, by BREAKDOWN_KEYS
+    flops: int  # FLOPs of one step, recomputation included
+    ops: int  # aten ops dispatched in one step
+
+
+# MemTracker's reference types, folded into the plan's breakdown.
+REFTYPE_TO_KEY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "gradients", "Optstate": "optimizer",
+                  "Activation": "activations", "Other": "activations", "Temp": "workspace"}
+
+
+def traced(model_dir: Path, train: Train, step: Step) -> Trace:
+    lora = train.lora.model_dump_json() if train.method == "lora" else None
+    return _traced(str(model_dir), train.method, lora, step)
+
+
+@functools.lru_cache(maxsize=256)  # the layout search and the "does not fit" advice revisit steps
+def _traced(model_dir: str, method: str, lora: str | None, step: Step) -> Trace:
+    import torch
+    import transformers.masking_utils
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    train = Train(method=method, lora=json.loads(lora) if lora else None)
+    model = meta_model(Path(model_dir), train, dtype=torch_dtype(step.weights_dtype))
+    # Fake tensors look like tracing to transformers, which then builds a 4-D causal mask a real
+    # unpacked batch never materialises; saying "not packed" keeps the real run's mask-free path.
+    no_packing = mock.patch.object(transformers.masking_utils, "find_packed_sequence_indices", lambda *a, **k: None)
+    with FakeTensorMode(allow_non_fake_inputs=True), no_packing:
+        model = model.to_empty(device="cpu")  # peft cannot wrap a fake model, so it is built on meta first
+        transformers_model(model).tie_weights()  # to_empty unties shared storage
+        if step.checkpointing:
+            model.activation_checkpointing_enable()
+        if method == "lora" and step.checkpointing:
+            model.enable_input_require_grads()  # as the HF Trainer does for adapters under checkpointing
+        model.train()
+        ids = torch.zeros((step.micro_batch, step.seq_len), dtype=torch.long)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=step.foreach)
+        autocast = (nullcontext() if step.precision == "fp32"
+                    else torch.autocast("cpu", dtype=torch_dtype(step.precision)))
+        tracker = TrainableMemTracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            for _ in range(2):  # the second step, with optimizer states, is the steady-state peak
+                tracker.ops = tracker.flops = 0
+                with autocast:
+                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                tracker.reset_mod_stats()
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0)
+    for reftype, key in REFTYPE_TO_KEY.items():
+        breakdown[key] += peak[next(r for r in peak if getattr(r, "value", r) == reftype)]
+    return Trace(breakdown, tracker.flops, tracker.ops)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def _tracker_class():
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+    from torch.utils.flop_counter import flop_registry
+
+    class GlobalPeakMemTracker(MemTracker):
+        """MemTracker that hooks only trainable parameters, keeps only the global peak, counts ops and FLOPs.
+
+        The stock tracker registers a gradient hook on every parameter, which fails on frozen (LoRA base)
+        ones, and refreshes every module's peak on every op, which makes a large model's trace 4-20x slower.
+        FLOPs use torch's own per-op formulas; FlopCounterMode itself keeps tensors alive and would
+        inflate the peak it runs beside.
+        """
+
+        ops = flops = 0
+
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            def track_grad(grad):
+                self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+            param_bytes = buffer_bytes = 0
+            for param in module.parameters():
+                infos = self._update_and_maybe_create_winfos(param, _MemRefType.PARAM)
+                param_bytes += sum(info.mem_consumed for info in infos)
+                if install_grad_hooks and param.requires_grad and param not in self._param_to_grad_hook_handles:
+                    self._param_to_grad_hook_handles[param] = (
+                        param.register_hook(lambda grad: track_grad(grad)),
+                        param.register_post_accumulate_grad_hook(lambda p: track_grad(p.grad)),
+                    )
+            for buffer in module.buffers():
+                buffer_bytes += sum(i.mem_consumed for i in self._update_and_maybe_create_winfos(buffer, _MemRefType.BUFFER))
+            return param_bytes, buffer_bytes
+
+        def _update_peak_stats(self, peak_state):
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot["Total"]:
+                    self._peak_mem[device] = snapshot["Total"]
+                    self._peak_mem_snap[device] = dict(snapshot)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            self.ops += 1
+            if func._overloadpacket in flop_registry:
+                self.flops += flop_registry[func._overloadpacket](*args, **(kwargs or {}), out_val=out)
+            return out
+
+    return GlobalPeakMemTracker
+
+
+def TrainableMemTracker():  # noqa: N802 (a class, built on first use so importing the plan stays light)
+    return _tracker_class()()
+
+
+# Bytes per token and per layer saved for backward by a Llama-style block (attention + SwiGLU MLP), as
+# c_hidden·hidden + c_mlp·intermediate, measured by tracing one- and two-layer models (FIELD-NOTES:
+# the textbook 34·h misses SwiGLU, fp32 norms and PEFT's fp32 copy of each adapted layer's input).
+ACTIVATION_COEFFICIENTS = {  # (method, 16-bit autocast) -> (c_hidden, c_mlp)
+    ("full", False): (40, 16), ("full", True): (34, 8),
+    ("lora", False): (28.6, 12), ("lora", True): (32.8, 12),
+}
+
+
+def analytical(params: dict, method: str, step: Step) -> dict[str, int]:
+    """Closed-form peak bytes by the same breakdown as `traced`."""
+    half = step.precision != "fp32"
+    trainable, frozen = params["trainable"], params["total"] - params["trainable"]
+    h, inter, layers, vocab = params["hidden_size"], params["intermediate_size"], params["layers"], params["vocab_size"]
+    tokens = step.micro_batch * step.seq_len
+    c_hidden, c_mlp = ACTIVATION_COEFFICIENTS[(method, half)]
+    layer = tokens * (c_hidden * h + c_mlp * inter)
+    # Checkpointing keeps each layer's fp32 input and recomputes one layer at a time in backward.
+    blocks = layers * tokens * h * 4 + layer if step.checkpointing else layers * layer
+    # Logits in the compute dtype, their fp32 upcast and log-softmax kept for backward; in backward,
+    # the logits' fp32 gradient (workspace).
+    logits = tokens * vocab * (BYTES[step.precision] + 8)
+    autocast_copies = trainable * 2 if half else 0  # autocast caches 16-bit copies of trainable weights
+    forward = {"activations": blocks + logits + autocast_copies, "workspace": tokens * vocab * 4}
+    gradients = trainable * 4
+    # Gradients grow as backward frees activations: the peak is near one end or the other.
+    at_peak = ({**forward, "gradients": 0} if sum(forward.values()) >= gradients
+               else {"activations": 0, "workspace": 0, "gradients": gradients})
+    breakdown = {
+        "weights": frozen * BYTES[step.weights_dtype] + trainable * 4,
+        "optimizer": trainable * 8,  # AdamW: exp_avg and exp_avg_sq in fp32
+        **at_peak,
+    }
+    return {key: int(breakdown[key]) for key in BREAKDOWN_KEYS}

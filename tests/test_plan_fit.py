@@ -1,0 +1,176 @@
+"""The plan's memory decisions: FSDP when replicas do not fit, the "does not fit" advice, estimators, caching."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import xtrain.plan as plan_module
+import xtrain.plan.speed as speed
+from xtrain.errors import XtrainError
+from xtrain.plan import Planner, count_parameters, first_step, make_plan
+from xtrain.plan.memory import Step, traced
+from xtrain.recipe import Hardware, Train
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model) -> Path:
+    return tiny_model
+
+
+@pytest.fixture(scope="module")
+def weighty(tmp_path_factory) -> Path:
+    """A config-only 84M Llama whose memory is mostly weights and optimizer states: the plan reads no weights."""
+    from transformers import LlamaConfig
+
+    out = tmp_path_factory.mktemp("llama-84m")
+    LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                num_attention_heads=8, num_key_value_heads=8).save_pretrained(out)
+    return out
+
+
+def manifest(seq_len: int = 128, rows: int = 64) -> dict:
+    split = {"rows": rows, "tokens": rows * seq_len // 2, "supervised_tokens": rows * seq_len // 6, "max_len": seq_len}
+    return {"seq_len": seq_len, "splits": {"train": split, "eval": split}, "fingerprint": "0" * 64}
+
+
+def need(model_dir: Path, method: str, seq_len: int, *, gpus: int = 1, strategy: str = "single",
+         checkpointing: bool = True) -> int:
+    """Bytes a GPU must offer for micro-batch 1 of this run."""
+    train = Train(method=method)
+    planner = Planner(model_dir, train, Hardware(accelerator="cuda", gpus=gpus), count_parameters(model_dir, train))
+    step = first_step(planner, "bf16", 1, seq_len, checkpointing)
+    return planner.reserved(sum(planner.breakdown(step, strategy).values()))
+
+
+def gpu(memory_bytes: float, gpus: int = 1) -> Hardware:
+    return Hardware(accelerator="cuda", gpus=gpus, gpu_memory_gb=memory_bytes / 2**30)
+
+
+def refusal(model_dir: Path, data: dict, train: Train, hardware: Hardware) -> str:
+    with pytest.raises(XtrainError) as info:
+        make_plan(model_dir, data, train, hardware)
+    assert "does not fit" in str(info.value)
+    return str(info.value)
+
+
+# --- "does not fit": each advised change really fits ---------------------------------------------------
+
+
+def test_advises_the_longest_seq_len_that_fits(tiny):
+    hardware = gpu((need(tiny, "lora", 256) + need(tiny, "lora", 512)) / 2)
+    train = Train(method="lora", global_batch_size=1)
+    message = refusal(tiny, manifest(seq_len=512), train, hardware)
+    assert "data.seq_len: 256" in message
+    assert "train.method: lora" not in message  # it already is
+    assert make_plan(tiny, manifest(seq_len=256), train, hardware)["data"]["seq_len"] == 256
+
+
+def test_advises_lora_when_it_fits_where_full_does_not(weighty):
+    hardware = gpu((need(weighty, "lora", 128) + need(weighty, "full", 128)) / 2)
+    message = refusal(weighty, manifest(), Train(method="full", global_batch_size=1), hardware)
+    assert "train.method: lora" in message
+    assert make_plan(weighty, manifest(), Train(method="lora", global_batch_size=1), hardware)["layout"]["strategy"] == "single"
+
+
+def test_advises_how_many_gpus_fsdp_needs_and_that_many_fit(weighty):
+    single, sharded = need(weighty, "full", 128), need(weighty, "full", 128, gpus=4, strategy="fsdp")
+    assert sharded < single
+    memory = (single + sharded) / 2
+    message = refusal(weighty, manifest(), Train(method="full", global_batch_size=1), gpu(memory))
+    devices = int(re.search(r"(\d+) GPUs in all, with FSDP", message).group(1))
+    assert 2 <= devices <= 4
+    plan = make_plan(weighty, manifest(), Train(method="full", global_batch_size=2 * devices), gpu(memory, devices))
+    assert plan["layout"]["strategy"] == "fsdp"
+    if devices > 2:  # the advice is the smallest count: one GPU fewer still does not fit
+        refusal(weighty, manifest(), Train(method="full", global_batch_size=2 * (devices - 1)), gpu(memory, devices - 1))
+
+
+def test_advises_the_smallest_larger_gpu_model(tiny):
+    message = refusal(tiny, manifest(), Train(global_batch_size=1), Hardware(accelerator="cuda", gpus=1, gpu_memory_gb=0.5))
+    assert "hardware.gpu_model: t4 (15 GiB) and no hardware.gpu_memory_gb" in message
+
+
+def test_fsdp_only_when_a_replica_does_not_fit(weighty):
+    replica = need(weighty, "full", 128, gpus=2, checkpointing=False)
+    shard = need(weighty, "full", 128, gpus=2, strategy="fsdp", checkpointing=False)
+    train = Train(method="full", global_batch_size=2)
+    assert make_plan(weighty, manifest(), train, gpu(replica * 1.01, 2))["layout"]["strategy"] == "ddp"
+    plan = make_plan(weighty, manifest(), train, gpu((replica + shard) / 2, 2))
+    assert plan["layout"]["strategy"] == "fsdp"
+    assert plan["gradient_checkpointing"] is False  # sharding is preferred to recomputation
+
+
+# --- estimators ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_trace_on_fake_tensors_matches_the_same_step_on_real_tensors(tiny, method):
+    """The traced peak equals MemTracker's on a real CPU step: the fake trace allocates like the real run."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    step = Step(micro_batch=4, seq_len=64, precision="fp32", weights_dtype="fp32", checkpointing=False, foreach=False)
+    train = Train(method=method, lora={"dropout": 0.0} if method == "lora" else None)
+    predicted = sum(traced(tiny, train, step).breakdown.values())
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    if method == "lora":
+        model = get_peft_model(model, LoraConfig(**train.lora.peft_kwargs()))
+    model.train()
+    ids = torch.randint(0, model.config.vocab_size, (4, 64))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=False)
+    tracker = plan_module.memory.TrainableMemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        for _ in range(2):
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            tracker.reset_mod_stats()
+    measured = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
+    assert predicted == pytest.approx(measured, rel=0.01)
+
+
+def test_a_model_the_trace_cannot_run_falls_back_to_the_analytical_estimator(tiny, monkeypatch):
+    def unsupported(*args):
+        raise NotImplementedError("no fake kernel for this op")
+
+    monkeypatch.setattr(plan_module, "traced", unsupported)
+    plan = make_plan(tiny, manifest(), Train(), Hardware(accelerator="cuda", gpus=1))
+    assert plan["memory"]["estimator"] == "analytical"
+    assert "no fake kernel" in plan["memory"]["trace_error"]
+    assert plan["memory"]["peak_bytes_per_device"] == plan["memory"]["analytical_peak_bytes_per_device"]
+    assert plan["time"]["flops_source"] == "analytical"
+
+
+def test_traced_flops_are_six_n_per_token_for_a_full_fine_tune(weighty):
+    step = Step(1, 128, "bf16", "fp32", False, True)
+    params = count_parameters(weighty, Train(method="full"))
+    flops = traced(weighty, Train(method="full"), step).flops / 128
+    # 6·N for the weights that do matmuls (the embedding lookup does none), plus causal attention.
+    matmul_weights = params["total"] - params["vocab_size"] * params["hidden_size"]
+    attention = 12 * params["layers"] * params["hidden_size"] * 128
+    assert flops == pytest.approx(6 * matmul_weights + attention, rel=0.02)
+
+
+# --- determinism ---------------------------------------------------------------------------------------
+
+
+def test_a_rerun_reads_the_cached_probe_and_writes_the_same_plan(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    probes = []
+    real_probe = speed.probe_cpu
+    monkeypatch.setattr(speed, "probe_cpu", lambda *args: probes.append(args) or real_probe(*args))
+    first = make_plan(tiny, manifest(), Train(), Hardware())
+    probed = len(probes)
+    assert probed >= 1
+    again = make_plan(tiny, manifest(), Train(), Hardware())
+    assert len(probes) == probed
+    assert json.dumps(first, sort_keys=True) == json.dumps(again, sort_keys=True)
+    cached = json.loads((tmp_path / "xtrain/cpu-probe.json").read_text())
+    assert all(float(f"{v:.1e}") == v for entry in cached.values() for v in entry.values())
