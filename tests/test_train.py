@@ -76,6 +76,8 @@ def test_lora_checkpoint_contract(lora_run, tiny_model):
     assert manifest["data_fingerprint"] == prepared["fingerprint"]
     assert manifest["packages"]["torch"].startswith("2.13.0")
     assert manifest["seed"] == 0 and manifest["backend"] == "trl_cpu"
+    template = (checkpoint / "chat_template.jinja").read_text()
+    assert template == (lora_run["prepared"] / "chat_template.jinja").read_text(), "the template trained with"
     assert not lora_run["runs"].exists(), "trainer checkpoints are removed once the final checkpoint is written"
     assert not list(checkpoint.parent.glob(".checkpoint.partial-*"))
 

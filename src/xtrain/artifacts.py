@@ -20,8 +20,10 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary folder that becomes `final` when the block succeeds."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    # A killed run (SIGKILL, a scheduler's time limit) leaves its staging folder behind: clear those.
+    for stale in final.parent.glob(f".{final.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     staging = final.parent / f".{final.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
         yield staging

@@ -13,8 +13,10 @@ from .recipe import RecipeError
 
 def run_stage(log_path: str, body: Callable[[], Any]) -> None:
     """Run a stage's body with logging to `log_path` and stderr; a user error exits 1 without a traceback."""
+    # Libraries log at WARNING and above (their INFO is noise in a rule's log); xtrain at INFO.
+    logging.getLogger("xtrain").setLevel(logging.INFO)
     logging.basicConfig(
-        level=logging.INFO,
+        level=logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s: %(message)s",
         handlers=[logging.FileHandler(log_path, mode="w"), logging.StreamHandler(sys.stderr)],
         force=True,

@@ -17,6 +17,7 @@ from typing import Any
 
 from .artifacts import atomic_dir, read_json, write_json
 from .backends import TrainJob, TrainResult, get_backend
+from .data.pipeline import CHAT_TEMPLATE_FILE
 from .recipe import Hardware, Train, content_hash
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,12 @@ def git_commit(directory: Path) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout.strip() or None
+
+
+def last_checkpoint(run_dir: Path) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(run_dir)) if run_dir.is_dir() else None
 
 
 def train_metrics(result: TrainResult) -> dict[str, Any]:
@@ -82,9 +89,16 @@ def run_training(
     plan_hash = hashlib.sha256(plan_path.read_bytes()).hexdigest()
     # Trainer checkpoints of an interrupted run are resumed only by the very same run.
     run_dir = work_dir / content_hash([recipe_hash, plan_hash, data_fingerprint, str(model_dir)])[:16]
+    resume_from = last_checkpoint(run_dir)
+    if resume_from:
+        log.info("resuming an interrupted run from %s", resume_from)
     with atomic_dir(out) as staging:
-        job = TrainJob(model_dir, prepared_dir, plan, train, hardware, staging, run_dir)
+        job = TrainJob(model_dir, prepared_dir, plan, train, hardware, staging, run_dir, resume_from)
         result = backend.run(job)
+        # Whatever the backend saved, the checkpoint's template is the one the data was rendered with.
+        template = prepared_dir / CHAT_TEMPLATE_FILE
+        if template.is_file():
+            shutil.copyfile(template, staging / CHAT_TEMPLATE_FILE)
         metrics = train_metrics(result)
         write_json(staging / "train_metrics.json", metrics)
         write_json(
@@ -101,6 +115,7 @@ def run_training(
                 "packages": package_versions(),
                 "git_commit": git_commit(Path.cwd()),
                 "seed": train.seed,
+                "resumed_from": resume_from,
             },
         )
     shutil.rmtree(work_dir, ignore_errors=True)  # the checkpoint is complete: nothing left to resume

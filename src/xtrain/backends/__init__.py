@@ -24,6 +24,7 @@ class TrainJob:
     hardware: Hardware
     out: Path  # staging folder that becomes checkpoints/<recipe>/
     work_dir: Path  # trainer checkpoints, outside the declared output so a rerun resumes
+    resume_from: str | None  # the last trainer checkpoint of an interrupted identical run
 
 
 @dataclass(frozen=True)
