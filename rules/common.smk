@@ -19,6 +19,14 @@ wildcard_constraints:
     recipe=r"[A-Za-z0-9][A-Za-z0-9_-]*",
 
 
+# On a cluster these run where snakemake runs: seconds of CPU each, and the plan must exist before
+# the train job can ask the scheduler for what it predicts.
+localrules:
+    all,
+    build_tiny_model,
+    plan,
+
+
 def load_recipes(folder):
     """Validate every recipe before any job runs; the first bad one stops the workflow."""
     recipes = {}
