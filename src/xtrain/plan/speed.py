@@ -22,8 +22,9 @@ from ..recipe import Hardware
 
 # Share of the probed matmul rate a CPU training step reaches, and the cost of one dispatched op in
 # units of the probed bare-op time (autograd, module hooks and Python around each op); fitted by
-# bench/bench_plan.py on the tiny and the 27M model.
-CPU_MATMUL_EFFICIENCY = 0.75
+# bench/bench_plan.py on the tiny and the 27M model on a quiet machine. bf16 autocast reaches half the
+# share fp32 does: it keeps fp32 master weights and casts each one to bf16 again in every pass.
+CPU_MATMUL_EFFICIENCY = {"fp32": 0.75, "bf16": 0.38}
 CPU_OP_COST_FACTOR = 4.0
 # Model FLOPs utilisation a tuned GPU training step reaches, and a kernel launch per op.
 GPU_MFU = {"cuda": 0.4, "rocm": 0.35}
@@ -50,9 +51,10 @@ def device_rates(hardware: Hardware, precision: str, width: int) -> dict[str, fl
                 "op_seconds": GPU_OP_SECONDS, "source": f"peak table: {hardware.gpu} x MFU {GPU_MFU[hardware.accelerator]}"}
     cpus = cpu_count(hardware)
     probe = cached_cpu_probe(precision, width, cpus)
-    return {"matmul_flops": probe["matmul_flops"] * CPU_MATMUL_EFFICIENCY,
+    efficiency = CPU_MATMUL_EFFICIENCY[precision]
+    return {"matmul_flops": probe["matmul_flops"] * efficiency,
             "op_seconds": probe["op_seconds"] * CPU_OP_COST_FACTOR,
-            "source": f"cpu probe ({cpus} threads, {precision}, width {width}) x efficiency {CPU_MATMUL_EFFICIENCY}"}
+            "source": f"cpu probe ({cpus} threads, {precision}, width {width}) x efficiency {efficiency}"}
 
 
 def cpu_count(hardware: Hardware) -> int:
