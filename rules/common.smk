@@ -34,8 +34,10 @@ def load_recipes(folder):
         try:
             recipe = load_recipe(path)
             get_backend(recipe.train.backend).check(recipe.train, recipe.hardware)
-        except (RecipeError, XtrainError) as exc:
-            raise WorkflowError(f"{path}: {exc}" if not str(exc).startswith(str(path)) else str(exc))
+        except RecipeError as exc:  # already names the file
+            raise WorkflowError(str(exc))
+        except XtrainError as exc:  # a backend refusing a field names the field, not the file
+            raise WorkflowError(f"{path}: {exc}")
         model = recipe.model.path
         if model != config["tiny_model"]["path"] and not Path(model, "config.json").is_file():
             raise WorkflowError(

@@ -81,7 +81,7 @@ def evaluate(model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, settings
         loss = total / count
         metrics[f"{name}_loss"] = loss
         metrics[f"{name}_perplexity"] = math.exp(loss)
-        metrics["eval_supervised_tokens"] = count
+    metrics["eval_supervised_tokens"] = count  # the same split and masks for both models
     metrics["loss_improvement"] = metrics["base_loss"] - metrics["tuned_loss"]
     write_json(out, metrics)
     return metrics

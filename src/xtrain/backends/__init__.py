@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import XtrainError
-from ..recipe import Data, Hardware, Train
+from ..recipe import Hardware, Train
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class TrainResult:
 class Backend(Protocol):
     name: str
 
-    def check(self, train: Train, hardware: Hardware, data: Data | None = None) -> None: ...
+    def check(self, train: Train, hardware: Hardware) -> None: ...
 
     def run(self, job: TrainJob) -> TrainResult: ...
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ..errors import XtrainError
-from ..recipe import Data, Hardware, Train
+from ..recipe import Hardware, Train
 from . import TrainJob, TrainResult
 
 
@@ -31,7 +31,7 @@ def save_every(seconds: float):
 class TrlCpu:
     name = "trl_cpu"
 
-    def check(self, train: Train, hardware: Hardware, data: Data | None = None) -> None:
+    def check(self, train: Train, hardware: Hardware) -> None:
         if hardware.accelerator != "cpu":
             raise XtrainError(
                 f"train.backend trl_cpu trains on the CPU, but hardware.accelerator is {hardware.accelerator!r}: "
