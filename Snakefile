@@ -8,6 +8,7 @@ configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"
+include: "rules/envs.smk"
 include: "rules/models.smk"
 include: "rules/prepare.smk"
 include: "rules/plan.smk"

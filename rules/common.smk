@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
@@ -17,6 +18,7 @@ validate(config, "../config/config.schema.yaml")
 
 wildcard_constraints:
     recipe=r"[A-Za-z0-9][A-Za-z0-9_-]*",
+    backend="|".join(config["backends"]),
 
 
 # On a cluster these run where snakemake runs: seconds of CPU each, and the plan must exist before
@@ -73,8 +75,32 @@ def recipe_slice(stage):
     return lambda wildcards: stage_params(recipe(wildcards), stage)
 
 
+MAIN_ENV = "envs/xtrain.yaml"
+
+
+def lane(wildcards):
+    """The config entry (conda, container, uninstall) of the recipe's training lane."""
+    return config["backends"][recipe(wildcards).train.backend]
+
+
 def train_env(wildcards):
-    return str(Path(workflow.basedir) / config["backends"][recipe(wildcards).train.backend]["conda"])
+    return str(Path(workflow.basedir) / lane(wildcards)["conda"])
+
+
+def train_container(wildcards):
+    return lane(wildcards)["container"]
+
+
+def lane_env(wildcards):
+    """The lane's virtual environment, when it has its own and conda is not providing it."""
+    backend = recipe(wildcards).train.backend
+    if lane(wildcards)["conda"] == MAIN_ENV or DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+        return []
+    return [f".venvs/{backend}/ready.json"]
+
+
+def lane_uninstall(wildcards):
+    return config["backends"][wildcards.backend].get("uninstall", [])
 
 
 def planned(key, default):

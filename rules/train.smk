@@ -3,6 +3,7 @@ rule train:
         model=model_dir,
         prepared="prepared/{recipe}",
         plan="plans/{recipe}/plan.json",
+        env=lane_env,
     output:
         directory("checkpoints/{recipe}"),
     params:
@@ -19,5 +20,7 @@ rule train:
         "logs/{recipe}/train.log",
     conda:
         train_env
+    container:
+        train_container
     script:
         "../scripts/dispatch.py"

@@ -13,6 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from xtrain.artifacts import write_json
+from xtrain.data import prepare
+from xtrain.evaluate import evaluate
+from xtrain.plan import make_plan
+from xtrain.recipe import Data, DataSource, Eval, Hardware, Train
+from xtrain.train import run_training
+
 REPO = Path(__file__).resolve().parents[1]
 # Caches (the plan's CPU probe, Hugging Face's) go to a fresh folder: tests neither read nor leave state in ~/.cache.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="xtrain-tests-cache-")
@@ -30,6 +37,25 @@ def tiny_model(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-llama")
     build_tiny_model(REPO / settings["corpus"], out, **settings["settings"])
     return out
+
+
+def build_run(tmp_path: Path, model_dir: Path, train: Train, hardware: Hardware | None = None) -> dict[str, Path]:
+    """prepare -> plan -> train -> evaluate through the library, on the demo data at seq_len 128."""
+    data = Data(sources=[DataSource(path=str(REPO / "data/demo/chat.jsonl"))], seq_len=128, eval_fraction=0.1)
+    hardware = hardware or Hardware()
+    prepared = tmp_path / "prepared"
+    manifest = prepare([Path(s.path) for s in data.sources], model_dir, data, prepared)
+    plan_path = tmp_path / "plan.json"
+    write_json(plan_path, make_plan(model_dir, manifest, train, hardware))
+    checkpoint = tmp_path / "checkpoint"
+    run_training(
+        model_dir=model_dir, prepared_dir=prepared, plan_path=plan_path, train=train, hardware=hardware,
+        out=checkpoint, work_dir=tmp_path / "runs",
+    )
+    report = tmp_path / "eval.json"
+    evaluate(model_dir, checkpoint, prepared, Eval(batch_size=5), report)
+    return {"prepared": prepared, "plan": plan_path, "checkpoint": checkpoint, "report": report,
+            "runs": tmp_path / "runs"}
 
 
 def copy_workflow(dest: Path, recipes: dict[str, str]) -> Path:

@@ -1,0 +1,12 @@
+"""Rule build_lane_env: a lane's pinned conda spec -> the virtual environment .venvs/<lane>/."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain.envs import build
+from xtrain.stage import run_stage
+
+run_stage(
+    snakemake.log[0],
+    lambda: build(Path(snakemake.input.spec), Path(snakemake.output[0]).parent, snakemake.params.uninstall),
+)

@@ -1,0 +1,34 @@
+"""Launching a native command (a lane's trainer, pip): an argument list, never a shell string; its
+output streamed line by line into the stage's log; a failure that names the command and shows its last lines."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+from collections import deque
+from pathlib import Path
+
+from .errors import XtrainError
+
+log = logging.getLogger(__name__)
+
+
+def run_command(command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    """Run `command` to completion; `env` adds to (does not replace) this process's environment."""
+    log.info("launching: %s", shlex.join(command))
+    tail: deque[str] = deque(maxlen=40)
+    with subprocess.Popen(
+        command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, text=True, bufsize=1,
+    ) as process:
+        for line in process.stdout:
+            line = line.rstrip()
+            tail.append(line)
+            log.info("| %s", line)
+    if process.returncode:
+        raise XtrainError(
+            f"{shlex.join(command[:4])} ... exited with status {process.returncode}; its last lines:\n"
+            + "\n".join(tail)
+        )
