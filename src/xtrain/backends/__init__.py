@@ -43,9 +43,11 @@ class Backend(Protocol):
 
 
 def _registry() -> dict[str, Backend]:
+    from .axolotl import Axolotl
     from .trl_cpu import TrlCpu
+    from .unsloth import Unsloth
 
-    return {backend.name: backend for backend in (TrlCpu(),)}
+    return {backend.name: backend for backend in (TrlCpu(), Axolotl(), Unsloth())}
 
 
 def get_backend(name: str) -> Backend:

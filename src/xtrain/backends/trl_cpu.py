@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from ..errors import XtrainError
 from ..recipe import Hardware, Train
@@ -26,6 +27,46 @@ def save_every(seconds: float):
             self.last = time.monotonic()
 
     return SaveEvery()
+
+
+def sft_arguments(job: TrainJob, packed: bool) -> dict[str, Any]:
+    """`SFTConfig` keyword arguments (TRL 1.16 / transformers 5.24 names) for the recipe's train section and
+    the plan: the one mapping of recipe -> trainer that every TRL-based lane (trl_cpu, unsloth) uses."""
+    train, plan = job.train, job.plan
+    layout = plan["layout"]
+    return dict(
+        output_dir=str(job.work_dir),
+        use_cpu=True,
+        bf16=plan["precision"] == "bf16",  # autocast on the CPU; the weights stay fp32
+        fp16=False,
+        per_device_train_batch_size=layout["micro_batch_size"],
+        gradient_accumulation_steps=layout["gradient_accumulation_steps"],
+        activation_checkpointing=plan["gradient_checkpointing"],
+        num_train_epochs=train.epochs,
+        max_steps=train.max_steps or -1,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=train.warmup_ratio,
+        weight_decay=train.weight_decay,
+        max_grad_norm=train.max_grad_norm,
+        optim="adamw_torch",
+        seed=train.seed,
+        data_seed=train.seed,
+        # Packed rows already fit seq_len, and TRL refuses max_length with padding-free batches.
+        max_length=None if packed else plan["data"]["seq_len"],
+        packing=False,
+        padding_free=packed,
+        train_sampling_strategy="random" if packed else "group_by_length",
+        logging_steps=train.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=max(1, plan["time"]["steps"] // 4),  # and every checkpoint_minutes, below
+        save_total_limit=2,
+        include_num_input_tokens_seen="non_padding",
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
 
 
 class TrlCpu:
@@ -61,40 +102,7 @@ class TrlCpu:
         peft_config = None
         if train.method == "lora":
             peft_config = LoraConfig(**train.lora.peft_kwargs(), task_type="CAUSAL_LM")
-        layout = plan["layout"]
-        args = SFTConfig(
-            output_dir=str(job.work_dir),
-            use_cpu=True,
-            bf16=plan["precision"] == "bf16",  # autocast on the CPU; the weights stay fp32
-            fp16=False,
-            per_device_train_batch_size=layout["micro_batch_size"],
-            gradient_accumulation_steps=layout["gradient_accumulation_steps"],
-            activation_checkpointing=plan["gradient_checkpointing"],
-            num_train_epochs=train.epochs,
-            max_steps=train.max_steps or -1,
-            learning_rate=train.learning_rate,
-            lr_scheduler_type=train.lr_scheduler,
-            warmup_steps=train.warmup_ratio,
-            weight_decay=train.weight_decay,
-            max_grad_norm=train.max_grad_norm,
-            optim="adamw_torch",
-            seed=train.seed,
-            data_seed=train.seed,
-            # Packed rows already fit seq_len, and TRL refuses max_length with padding-free batches.
-            max_length=None if packed else plan["data"]["seq_len"],
-            packing=False,
-            padding_free=packed,
-            train_sampling_strategy="random" if packed else "group_by_length",
-            logging_steps=train.logging_steps,
-            logging_first_step=True,
-            save_strategy="steps",
-            save_steps=max(1, plan["time"]["steps"] // 4),  # and every checkpoint_minutes, below
-            save_total_limit=2,
-            include_num_input_tokens_seen="non_padding",
-            report_to=[],
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-        )
+        args = SFTConfig(**sft_arguments(job, packed))
         trainer = SFTTrainer(
             model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
             callbacks=[save_every(train.checkpoint_minutes * 60)],

@@ -1,0 +1,139 @@
+"""The axolotl lane: its translation checked by Axolotl's own config loader, its refusals, and a real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from checkpoint_contract import assert_checkpoint_contract
+from conftest import REPO, build_run
+from lane_envs import ensure_lane_env
+from xtrain.artifacts import read_json
+from xtrain.backends import TrainJob, get_backend
+from xtrain.backends.axolotl import axolotl_config, export_tokens
+from xtrain.errors import XtrainError
+from xtrain.recipe import Hardware, Lora, Train
+
+PYTHON = str(REPO / ".venvs" / "axolotl" / "bin" / "python")
+# Axolotl's loader (the one `axolotl train` uses): validates against its pydantic schema and normalises.
+LOAD = """
+import json, sys
+from axolotl.cli.config import load_cfg
+from axolotl.utils.schemas.config import AxolotlInputConfig
+raw = __import__("yaml").safe_load(open(sys.argv[1]))
+cfg = load_cfg(sys.argv[1])
+print(json.dumps({"unknown": sorted(set(raw) - set(AxolotlInputConfig.model_fields)),
+                  "cfg": {key: cfg.get(key) for key in raw}}, default=str))
+"""
+
+
+def tiny_train(**changes) -> Train:
+    return Train(**{"backend": "axolotl", "method": "lora", "global_batch_size": 4, "max_steps": 4,
+                    "learning_rate": 5e-3, "logging_steps": 1, **changes})
+
+
+def plan(**changes) -> dict:
+    return {"precision": "fp32", "gradient_checkpointing": False, "data": {"seq_len": 128},
+            "layout": {"micro_batch_size": 2, "gradient_accumulation_steps": 2},
+            "time": {"steps": 40, "seconds_per_step": 30.0}, **changes}
+
+
+def job(tmp_path, train, plan_, prepared=None) -> TrainJob:
+    return TrainJob(tmp_path / "model", prepared or tmp_path / "prepared", plan_, train, Hardware(), tmp_path / "out",
+                    tmp_path / "work", None)
+
+
+@pytest.mark.parametrize("accelerator, gpus", [("cuda", 1), ("rocm", 8)])
+def test_a_gpu_recipe_is_refused_before_launch(accelerator, gpus):
+    with pytest.raises(XtrainError, match=f"hardware.accelerator '{accelerator}' is not supported yet"):
+        get_backend("axolotl").check(tiny_train(), Hardware(accelerator=accelerator, gpus=gpus))
+
+
+def test_packed_data_is_refused_with_the_field_to_change(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "prepared").mkdir()
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]], "assistant_masks": [[0, 1, 1]], "seq_lengths": [[3]]}),
+                   tmp_path / "prepared" / "train.parquet")
+    with pytest.raises(XtrainError, match="set data.packing: false"):
+        get_backend("axolotl").run(job(tmp_path, tiny_train(), plan()))
+    assert not (tmp_path / "work").exists(), "nothing is exported or launched"
+
+
+def test_export_keeps_the_prepared_tokens_and_masks_the_unsupervised_ones(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "prepared").mkdir()
+    pq.write_table(pa.table({"input_ids": [[5, 6, 7, 8], [9, 10]], "assistant_masks": [[0, 0, 1, 1], [1, 0]]}),
+                   tmp_path / "prepared" / "train.parquet")
+    assert export_tokens(tmp_path / "prepared", tmp_path / "train.parquet") == 2
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    assert rows == [
+        {"input_ids": [5, 6, 7, 8], "attention_mask": [1, 1, 1, 1], "labels": [-100, -100, 7, 8]},
+        {"input_ids": [9, 10], "attention_mask": [1, 1], "labels": [9, -100]},
+    ]
+
+
+def test_checkpoint_minutes_becomes_the_steps_the_plan_predicts_for_them(tmp_path):
+    config = axolotl_config(job(tmp_path, tiny_train(checkpoint_minutes=2), plan()), tmp_path / "d.parquet")
+    assert config["save_steps"] == 4  # 120 s / 30 s per step, sooner than a quarter of 40 steps
+    config = axolotl_config(job(tmp_path, tiny_train(checkpoint_minutes=60), plan()), tmp_path / "d.parquet")
+    assert config["save_steps"] == 10  # a quarter of the run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("train", [
+    tiny_train(lr_scheduler="linear", warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=0.5, seed=3,
+               lora=Lora(r=4, alpha=8, dropout=0.1, target_modules=["q_proj", "v_proj"])),
+    tiny_train(method="full", max_steps=None, epochs=2, lr_scheduler="constant"),
+    tiny_train(lora=Lora(target_modules=["all-linear"])),
+], ids=["lora", "full", "all-linear"])
+def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(train, tmp_path):
+    ensure_lane_env("axolotl")
+    plan_ = plan(precision="bf16", gradient_checkpointing=True)
+    config = axolotl_config(job(tmp_path, train, plan_), tmp_path / "d.parquet")
+    path = tmp_path / "axolotl.yaml"
+    path.write_text(yaml.safe_dump(config))
+    loaded = subprocess.run([PYTHON, "-c", LOAD, str(path)], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    report = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert report["unknown"] == [], "every key is one Axolotl's schema knows (none silently ignored)"
+    cfg = report["cfg"]
+    for key in ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay", "max_grad_norm",
+                "seed", "sequence_len", "bf16", "gradient_checkpointing", "save_steps", "lora_r", "lora_alpha",
+                "lora_dropout", "lora_target_modules", "lora_target_linear", "max_steps", "warmup_ratio"):
+        if key in config:
+            assert cfg[key] == config[key], key
+    assert cfg["num_epochs"] == train.epochs
+    assert cfg["lr_scheduler"] == train.lr_scheduler
+    assert cfg["optimizer"] == "adamw_torch"
+    assert (cfg.get("adapter") == "lora") == (train.method == "lora")
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_model, tmp_path_factory):
+    """trl_cpu on the same recipe: the loss the axolotl lane's first step must match."""
+    return build_run(tmp_path_factory.mktemp("trl_cpu"), tiny_model, tiny_train(backend="trl_cpu"))
+
+
+@pytest.mark.slow
+def test_axolotl_trains_the_tiny_recipe_like_trl_cpu(reference_run, tiny_model, tmp_path, monkeypatch):
+    ensure_lane_env("axolotl")
+    monkeypatch.chdir(REPO)  # the lane finds its interpreter under .venvs/
+    run = build_run(tmp_path, tiny_model, tiny_train())
+    metrics = assert_checkpoint_contract(run["checkpoint"], tiny_model, "axolotl")
+    assert (run["checkpoint"] / "adapter_model.safetensors").is_file()
+    assert metrics["steps"] == 4 and [entry["step"] for entry in metrics["loss"]] == [1, 2, 3, 4]
+    reference = read_json(reference_run["checkpoint"] / "train_metrics.json")
+    # Same prepared tokens, same labels, same seed and the same length-grouped sampler (Axolotl's trainer is
+    # transformers' Trainer), so the first batch is the same rows; LoRA's B starts at zero, so step 1's loss
+    # is the base model's loss on that batch in both lanes.
+    assert metrics["loss"][0]["loss"] == pytest.approx(reference["loss"][0]["loss"], rel=0.02)
+    report = read_json(run["report"])
+    assert report["tuned_loss"] < report["base_loss"]

@@ -1,0 +1,52 @@
+"""The unsloth lane: its refusals, and a real run in its own environment compared with trl_cpu."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoint_contract import assert_checkpoint_contract
+from conftest import REPO, build_run
+from lane_envs import ensure_lane_env
+from xtrain.artifacts import read_json
+from xtrain.backends import get_backend
+from xtrain.errors import XtrainError
+from xtrain.recipe import Hardware, Lora, Train
+
+
+def tiny_train(**changes) -> Train:
+    return Train(**{"backend": "unsloth", "method": "lora", "global_batch_size": 4, "max_steps": 4,
+                    "learning_rate": 5e-3, "logging_steps": 1, **changes})
+
+
+def test_a_gpu_recipe_is_refused_before_launch():
+    with pytest.raises(XtrainError, match="hardware.accelerator 'cuda' is not supported yet"):
+        get_backend("unsloth").check(tiny_train(), Hardware(accelerator="cuda", gpus=1))
+
+
+def test_all_linear_targets_are_refused_with_the_names_to_list():
+    with pytest.raises(XtrainError, match=r"target_modules \['all-linear'\].*list the module names"):
+        get_backend("unsloth").check(tiny_train(lora=Lora(target_modules=["all-linear"])), Hardware())
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_model, tmp_path_factory):
+    """trl_cpu on the same recipe: the loss the unsloth lane's first step must match."""
+    return build_run(tmp_path_factory.mktemp("trl_cpu"), tiny_model, tiny_train(backend="trl_cpu"))
+
+
+@pytest.mark.slow
+def test_unsloth_trains_the_tiny_recipe_like_trl_cpu(reference_run, tiny_model, tmp_path, monkeypatch):
+    ensure_lane_env("unsloth")
+    monkeypatch.chdir(REPO)  # the lane finds its interpreter under .venvs/
+    run = build_run(tmp_path, tiny_model, tiny_train())
+    metrics = assert_checkpoint_contract(run["checkpoint"], tiny_model, "unsloth")
+    assert (run["checkpoint"] / "adapter_model.safetensors").is_file()
+    assert metrics["steps"] == 4 and [entry["step"] for entry in metrics["loss"]] == [1, 2, 3, 4]
+    reference = read_json(reference_run["checkpoint"] / "train_metrics.json")
+    # Both lanes build SFTTrainer from the same `sft_arguments` on the same prepared rows with the same seed,
+    # so the first batch is the same rows; LoRA's B starts at zero, so step 1's loss is the base model's loss
+    # on that batch in both (Unsloth's patched forward is the only difference).
+    assert metrics["loss"][0]["loss"] == pytest.approx(reference["loss"][0]["loss"], rel=0.02)
+    assert metrics["tokens_seen"] == reference["tokens_seen"], "the same rows, the same non-padding tokens"
+    report = read_json(run["report"])
+    assert report["tuned_loss"] < report["base_loss"]
