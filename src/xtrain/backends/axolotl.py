@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 # Axolotl's Triton LoRA kernels need CUDA; on the CPU they fail with "Torch not compiled with CUDA enabled".
 CPU_OFF_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+# Offline, and without Axolotl's telemetry (which otherwise waits on the network before loading the config).
+OFFLINE = {"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1"}
 FINAL_WEIGHTS = ("adapter_config.json", "adapter_model.safetensors", "config.json", "model.safetensors",
                  "generation_config.json")
 
@@ -90,6 +92,8 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         "gradient_checkpointing": plan["gradient_checkpointing"],
         "output_dir": str(job.work_dir.resolve()),
         "logging_steps": train.logging_steps,
+        # -> transformers' include_num_input_tokens_seen=True: token slots seen, padding included.
+        "include_tokens_per_second": True,
         "save_strategy": "steps",
         "save_steps": save_steps(job),
         "save_total_limit": 2,
@@ -136,7 +140,7 @@ class Axolotl:
         config_path = job.work_dir / "axolotl.yaml"
         config_path.write_text(yaml.safe_dump(axolotl_config(job, dataset), sort_keys=False))
         python = lane_python(self.name, "axolotl")
-        run_command([python, "-m", "axolotl.cli.train", str(config_path)], env={"HF_HUB_OFFLINE": "1"})
+        run_command([python, "-m", "axolotl.cli.train", str(config_path)], env=OFFLINE)
         return self.normalise(job)
 
     def normalise(self, job: TrainJob) -> TrainResult:
