@@ -61,6 +61,17 @@ def save_steps(job: TrainJob) -> int:
     return chosen
 
 
+def cpu_precision(plan: dict[str, Any]) -> None:
+    """Axolotl trains in fp32 on the CPU: transformers accepts bf16 autocast there only with `use_cpu`, a training
+    argument Axolotl 0.19 does not expose ("Your setup doesn't support bf16/gpu"). A plan that chose bf16 (it
+    is faster on CPUs with native bf16) runs in fp32 instead, said in the log."""
+    if plan["precision"] not in ("fp32", "bf16"):
+        raise XtrainError(f"plan precision {plan['precision']!r} cannot run on the CPU; re-run the plan")
+    if plan["precision"] == "bf16":
+        log.warning("axolotl: the plan's bf16 autocast -> fp32 (Axolotl cannot autocast on the CPU); "
+                    "the step is slower than the plan predicts and keeps fp32 activations")
+
+
 def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
     """Axolotl's YAML for the recipe's train section and the plan (every Train field is used here)."""
     train, plan, layout = job.train, job.plan, job.plan["layout"]
@@ -73,8 +84,11 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         "sequence_len": plan["data"]["seq_len"],
         "sample_packing": False,
         "pad_to_sequence_len": False,
-        # The sampler trl_cpu uses for unpacked rows: batches of similar length, shuffled by the seed.
+        # The sampler trl_cpu uses for unpacked rows: batches of similar length, shuffled by the seed. Axolotl would
+        # shuffle the rows once more while loading them; keeping prepare's order lets the same seed pick the same
+        # batches as trl_cpu.
         "group_by_length": True,
+        "shuffle_merged_datasets": False,
         "micro_batch_size": layout["micro_batch_size"],
         "gradient_accumulation_steps": layout["gradient_accumulation_steps"],
         "num_epochs": train.epochs,
@@ -86,7 +100,7 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         "weight_decay": train.weight_decay,
         "max_grad_norm": train.max_grad_norm,
         "seed": train.seed,
-        "bf16": plan["precision"] == "bf16",  # autocast on the CPU; the weights stay fp32
+        "bf16": False,  # on the CPU: see cpu_precision
         "fp16": False,
         "tf32": False,
         "gradient_checkpointing": plan["gradient_checkpointing"],
@@ -127,9 +141,7 @@ class Axolotl:
     def run(self, job: TrainJob) -> TrainResult:
         import pyarrow.parquet as pq
 
-        if job.plan["precision"] not in ("fp32", "bf16"):
-            raise XtrainError(f"plan precision {job.plan['precision']!r} is not supported by axolotl on the CPU; "
-                              "re-run the plan")
+        cpu_precision(job.plan)
         if "seq_lengths" in pq.read_schema(job.prepared_dir / "train.parquet").names:
             raise XtrainError(
                 "train.backend axolotl: the prepared data is packed (data.packing: true), and Axolotl's own packing "
