@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 CPU_OFF_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
 # Offline, and without Axolotl's telemetry (which otherwise waits on the network before loading the config).
 OFFLINE = {"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1"}
-FINAL_WEIGHTS = ("adapter_config.json", "adapter_model.safetensors", "config.json", "model.safetensors",
-                 "generation_config.json")
+# What Axolotl's final save leaves in output_dir that the checkpoint contract wants: an adapter, or a full model
+# (config and, for a large one, sharded safetensors with their index).
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json")
 
 
 def export_tokens(prepared_dir: Path, target: Path) -> int:
@@ -156,17 +158,20 @@ class Axolotl:
         return self.normalise(job)
 
     def normalise(self, job: TrainJob) -> TrainResult:
-        """Axolotl saves the final adapter or model in output_dir and its log in the last checkpoint-N."""
+        """Axolotl saves the final adapter or model in output_dir and its log in the last checkpoint-N (saved at
+        the final step)."""
         checkpoints = sorted(job.work_dir.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
         if not checkpoints:
             raise XtrainError(f"axolotl finished without a checkpoint in {job.work_dir}; see its log above")
         state = read_json(checkpoints[-1] / "trainer_state.json")
-        for name in FINAL_WEIGHTS:
-            if (job.work_dir / name).is_file():
-                shutil.copyfile(job.work_dir / name, job.out / name)
+        for pattern in ADAPTER_FILES if job.train.method == "lora" else MODEL_FILES:
+            for path in job.work_dir.glob(pattern):
+                shutil.copyfile(path, job.out / path.name)
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(job.model_dir).save_pretrained(job.out)
-        summary = next((entry for entry in reversed(state["log_history"]) if "train_runtime" in entry), {})
-        return TrainResult(state["log_history"], int(state.get("num_input_tokens_seen", 0)),
-                           float(summary.get("train_runtime", 0.0)))
+        log_history = state["log_history"]
+        runtime = next((entry["train_runtime"] for entry in reversed(log_history) if "train_runtime" in entry), 0.0)
+        # The summary entry transformers' Trainer ends its own log with (the last step, whether logged or not).
+        log_history = [*log_history, {"step": state["global_step"], "train_runtime": runtime}]
+        return TrainResult(log_history, int(state.get("num_input_tokens_seen", 0)), float(runtime))
