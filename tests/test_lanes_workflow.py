@@ -1,0 +1,32 @@
+"""The axolotl and unsloth lanes in the workflow: their environments are built by rule build_lane_env before
+their train jobs, and a recipe a lane refuses stops the workflow before any job runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
+
+pytestmark = pytest.mark.slow  # drives real snakemake (dry runs)
+
+DEMO = (REPO / "recipes" / "demo.yaml").read_text()
+
+
+def test_each_lane_trains_after_its_own_environment_is_built(tmp_path):
+    project = copy_workflow(tmp_path, {lane: DEMO.replace("backend: trl_cpu", f"backend: {lane}")
+                                       for lane in ("axolotl", "unsloth")})
+    result = snakemake(project, "-n", "checkpoints/axolotl", "checkpoints/unsloth")
+    output = result.stdout + result.stderr
+    assert {("train", "axolotl"), ("train", "unsloth"), ("build_lane_env", None)} <= scheduled_jobs(output)
+    assert "output: .venvs/axolotl/ready.json" in output and "output: .venvs/unsloth/ready.json" in output
+
+
+def test_a_recipe_the_lane_refuses_stops_the_workflow_before_any_job(tmp_path):
+    refused = DEMO.replace("backend: trl_cpu", "backend: axolotl").replace("accelerator: cpu\n  gpus: 0",
+                                                                          "accelerator: cuda\n  gpus: 1")
+    project = copy_workflow(tmp_path, {"gpu": refused})
+    result = snakemake(project, "-n", check=False)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "recipes/gpu.yaml: train.backend axolotl: hardware.accelerator 'cuda' is not supported yet" in output
+    assert "rule " not in output, "no job was scheduled"
