@@ -43,9 +43,11 @@ class Backend(Protocol):
 
 
 def _registry() -> dict[str, Backend]:
+    from .primus import Primus
+    from .torchtune import Torchtune
     from .trl_cpu import TrlCpu
 
-    return {backend.name: backend for backend in (TrlCpu(),)}
+    return {backend.name: backend for backend in (TrlCpu(), Torchtune(), Primus())}
 
 
 def get_backend(name: str) -> Backend:
