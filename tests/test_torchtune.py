@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import REPO, build_run
@@ -113,15 +114,18 @@ def test_the_exported_adapter_gives_the_model_torchtune_trained(tune_run, tiny_m
 def test_tune_validate_accepts_the_full_fine_tune_translation(tiny_model, trl_reference, torchtune_env, tmp_path):
     train = Train(backend="torchtune", method="full", global_batch_size=4, epochs=2, lr_scheduler="linear",
                   warmup_ratio=0.1, weight_decay=0.01)
-    plan = read_json(trl_reference["plan"]) | {"time": {"steps": 2 * read_json(trl_reference["plan"])["time"]["steps"]}}
-    job = TrainJob(tiny_model, trl_reference["prepared"], plan, train, Hardware(), tmp_path / "out", tmp_path, None)
+    plan = read_json(trl_reference["plan"])
     rows = read_json(trl_reference["prepared"] / "manifest.json")["splits"]["train"]["rows"]
+    layout = plan["layout"]
+    steps_per_epoch = rows // layout["micro_batch_size"] // layout["gradient_accumulation_steps"]
+    plan["time"]["steps"] = 2 * steps_per_epoch  # what the plan gives for epochs: 2 when no row is left over
+    job = TrainJob(tiny_model, trl_reference["prepared"], plan, train, Hardware(), tmp_path / "out", tmp_path, None)
     config = lane.torchtune_config(job, rows, packed=False)
     assert config["model"]["_component_"].endswith("llama3_2") and "lora_rank" not in config["model"]
     assert config["model"]["scale_factor"] == 1 and config["model"]["tie_word_embeddings"] is True
     assert config["epochs"] == 2 and config["max_steps_per_epoch"] is None
     path = tmp_path / "torchtune.yaml"
-    path.write_text(__import__("yaml").safe_dump(config))
+    path.write_text(yaml.safe_dump(config))
     python = lane.lane_python("torchtune", "torchtune")
     run_command([python, "-m", "torchtune._cli.tune", "validate", str(path)], env={"PYTHONPATH": str(lane.COMPONENTS)})
 

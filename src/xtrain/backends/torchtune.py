@@ -269,7 +269,7 @@ def adapter_error(epoch_dir: Path, model_dir: Path, checkpoint: Path) -> float:
     merged, base = tensors(epoch_dir), tensors(model_dir)
     if set(merged) != set(base):
         raise XtrainError(f"{epoch_dir}: torchtune's merged weights name other tensors than {model_dir}'s")
-    worst = 0.0
+    worst, applied = 0.0, 0
     for name, path in merged.items():
         with safe_open(str(path), "pt") as file:
             trained = file.get_tensor(name).float()
@@ -278,7 +278,11 @@ def adapter_error(epoch_dir: Path, model_dir: Path, checkpoint: Path) -> float:
         prefix = "base_model.model." + name.removesuffix(".weight")
         if f"{prefix}.lora_A.weight" in adapter:
             expected += scale * adapter[f"{prefix}.lora_B.weight"].float() @ adapter[f"{prefix}.lora_A.weight"].float()
+            applied += 2
         worst = max(worst, ((trained - expected).abs().max() / expected.abs().max().clamp_min(1e-12)).item())
+    if applied != len(adapter):
+        raise XtrainError(f"{checkpoint}/adapter_model.safetensors: {len(adapter) - applied} adapter tensors name no "
+                          f"weight of {model_dir}")
     return worst
 
 
