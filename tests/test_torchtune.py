@@ -48,6 +48,14 @@ def monkeypatch_module():
         yield patch
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fp32_plans(monkeypatch_module):
+    """Both lanes train in fp32 here, whatever this CPU offers: the plan would pick bf16 on a CPU with
+    native bf16, which trl_cpu runs as autocast and torchtune as bf16 weights, and the logits comparison
+    below is exact only in fp32 (the lane's own check allows for bf16 rounding)."""
+    monkeypatch_module.setattr("xtrain.plan.cpu_supports_bf16", lambda: False)
+
+
 @pytest.fixture(scope="module")
 def trl_reference(tiny_model, tmp_path_factory):
     return build_run(tmp_path_factory.mktemp("trl"), tiny_model, tiny_train("trl_cpu"))
@@ -71,6 +79,7 @@ def tune_run(tiny_model, tmp_path_factory, torchtune_env, monkeypatch_module):
 
 @pytest.mark.slow
 def test_torchtune_trains_the_tiny_recipe_into_the_checkpoint_contract(tune_run, trl_reference, tiny_model):
+    assert json.loads(tune_run["plan"].read_text())["precision"] == "fp32"
     metrics = assert_checkpoint_contract(tune_run["checkpoint"], tiny_model, "torchtune")
     assert [entry["step"] for entry in metrics["loss"]] == list(range(1, STEPS + 1))
     assert metrics["tokens_seen"] > 0
