@@ -45,36 +45,48 @@ class PreparedTokens(Dataset):
     """Rows of xtrain's prepared `train.parquet`: tokens, and labels that are the tokens where
     `assistant_masks` is 1 and IGNORE elsewhere (torchtune's recipe shifts them by one itself).
 
-    Packed rows (a `seq_lengths` column) come as torchtune's pack format: positions restart at each
-    sequence and `seq_lens` lets `padded_collate_packed` build the block-causal mask, so sequences
-    sharing a row do not attend to each other.
+    Packed rows (a `seq_lengths` column) come as torchtune's pack format, as its PackedDataset makes it:
+    tensors padded to `seq_len` (pad id, labels IGNORE, the padding one more "sequence"), positions that
+    restart at each sequence, and `seq_lens`, from which `padded_collate_packed` builds the block-causal
+    mask, so sequences sharing a row do not attend to each other.
     """
 
-    def __init__(self, path: str, packed: bool = False, seed: int = 0):
+    def __init__(self, path: str, packed: bool = False, seed: int = 0, seq_len: int | None = None, pad_id: int = 0):
         table = pq.read_table(path)
         columns = set(table.column_names)
         if packed != ("seq_lengths" in columns):
             raise ValueError(f"{path}: dataset.packed is {packed} but the rows are {'' if not packed else 'not '}packed")
-        self.packed = packed
+        if packed and not seq_len:
+            raise ValueError(f"{path}: packed rows need dataset.seq_len, the length torchtune pads each pack to")
+        self.packed, self.seq_len, self.pad_id = packed, seq_len, pad_id
         self.rows = table.select(["input_ids", "assistant_masks"] + (["seq_lengths"] if packed else [])).to_pylist()
         self.order = row_order(len(self.rows), seed)
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index: int) -> dict[str, list[int]]:
+    def __getitem__(self, index: int) -> dict:
         row = self.rows[self.order[index]]
-        labels = [token if mask else IGNORE for token, mask in zip(row["input_ids"], row["assistant_masks"])]
-        sample = {"tokens": row["input_ids"], "labels": labels}
-        if self.packed:
-            sample["input_pos"] = [position for length in row["seq_lengths"] for position in range(length)]
-            sample["seq_lens"] = row["seq_lengths"]
-        return sample
+        tokens = row["input_ids"]
+        labels = [token if mask else IGNORE for token, mask in zip(tokens, row["assistant_masks"])]
+        if not self.packed:
+            return {"tokens": tokens, "labels": labels}
+        padding = self.seq_len - len(tokens)
+        positions = [position for length in row["seq_lengths"] for position in range(length)]
+        # As torchtune's PackedDataset pads: positions go on counting (capped at seq_len - 1).
+        positions += [min(positions[-1] + 1 + i, self.seq_len - 1) for i in range(padding)]
+        return {
+            "tokens": torch.tensor(tokens + [self.pad_id] * padding),
+            "labels": torch.tensor(labels + [IGNORE] * padding),
+            "input_pos": torch.tensor(positions),
+            "seq_lens": torch.tensor(list(row["seq_lengths"]) + ([padding] if padding else [])),
+        }
 
 
-def prepared_dataset(tokenizer, path: str, packed: bool = False, seed: int = 0) -> PreparedTokens:
-    """torchtune instantiates datasets with the tokenizer first; the tokens are already prepared."""
-    return PreparedTokens(path, packed, seed)
+def prepared_dataset(tokenizer, path: str, packed: bool = False, seed: int = 0, seq_len: int | None = None):
+    """torchtune instantiates datasets with the tokenizer first; the tokens are already prepared, so it
+    only gives the pad id of packed rows."""
+    return PreparedTokens(path, packed, seed, seq_len, tokenizer.pad_id)
 
 
 class SpecialTokens:

@@ -178,3 +178,69 @@ def test_metric_log_becomes_trainer_style_history(tmp_path):
     log.write_text("nothing\n")
     with pytest.raises(XtrainError, match="logged no training step"):
         lane.log_history(log, logging_steps=1)
+
+
+@pytest.fixture(scope="module")
+def packed_prepared(tiny_model, tmp_path_factory) -> Path:
+    from xtrain.data import prepare
+    from xtrain.recipe import Data, DataSource
+
+    data = Data(sources=[DataSource(path=str(REPO / "data/demo/chat.jsonl"))], seq_len=128, packing=True)
+    out = tmp_path_factory.mktemp("packed") / "prepared"
+    prepare([REPO / "data/demo/chat.jsonl"], tiny_model, data, out)
+    return out
+
+
+def test_dataset_component_gives_torchtune_the_prepared_tokens(packed_prepared):
+    """Packed rows in torchtune's pack format (a run on them was checked by hand: see docs/backends.md)."""
+    import pyarrow.parquet as pq
+
+    tt = lane.components()
+    path = str(packed_prepared / "train.parquet")
+    rows = pq.read_table(path).to_pylist()
+    dataset = tt.PreparedTokens(path, packed=True, seed=3, seq_len=128, pad_id=99)
+    assert len(dataset) == len(rows)
+    row = rows[dataset.order[0]]
+    sample = dataset[0]
+    used = len(row["input_ids"])
+    assert sample["tokens"].tolist() == row["input_ids"] + [99] * (128 - used)
+    assert sample["labels"][:used].tolist() == [t if m else -100 for t, m in zip(row["input_ids"], row["assistant_masks"])]
+    assert set(sample["labels"][used:].tolist()) <= {-100}
+    assert sample["seq_lens"].sum() == 128 and sample["seq_lens"][: len(row["seq_lengths"])].tolist() == row["seq_lengths"]
+    assert sample["input_pos"][: row["seq_lengths"][0]].tolist() == list(range(row["seq_lengths"][0]))
+    assert tt.PreparedTokens(path, packed=True, seed=4, seq_len=128).order != dataset.order, "the seed orders the rows"
+    with pytest.raises(ValueError, match="dataset.packed is False but the rows are packed"):
+        tt.PreparedTokens(path, packed=False)
+
+
+def test_rows_trained_follow_torchtunes_sampler():
+    """torchtune 0.6.1 draws from a DistributedSampler(num_replicas=1, seed=0) subclass, reseeded by epoch."""
+    from torch.utils.data import DistributedSampler
+
+    tt = lane.components()
+    order = tt.row_order(10, seed=5)
+    sampler = DistributedSampler(range(10), num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=True)
+    expected = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        expected += [order[i] for i in list(sampler)[:8]]
+    assert tt.rows_trained(10, seed=5, epochs=2, rows_per_epoch=8) == expected
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "constant", "constant_with_warmup"])
+def test_lr_scheduler_walks_transformers_curve(schedule):
+    from transformers import get_scheduler
+
+    tt = lane.components()
+    curves = []
+    for make in (lambda o: tt.lr_scheduler(o, 20, schedule, warmup_ratio=0.15),
+                 lambda o: get_scheduler(schedule, o, num_warmup_steps=0 if schedule == "constant" else 3,
+                                         num_training_steps=20)):
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        scheduler, curve = make(optimizer), []
+        for _ in range(20):
+            curve.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        curves.append(curve)
+    assert curves[0] == pytest.approx(curves[1], abs=1e-12)
