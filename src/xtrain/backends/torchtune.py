@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import shutil
 import time
