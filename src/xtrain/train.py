@@ -66,8 +66,10 @@ def train_metrics(result: TrainResult) -> dict[str, Any]:
         "tokens_per_second": round(result.tokens_seen / result.train_seconds, 1) if result.train_seconds else None,
         "wall_seconds": round(result.train_seconds, 2),
         "trainer_runtime_seconds": summary.get("train_runtime"),
-        # ru_maxrss is KiB on Linux: the peak resident memory of this training process.
-        "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        # ru_maxrss is KiB on Linux: the peak resident memory of this process, or of the largest process it
+        # waited for (a lane that trains in its own environment's interpreter).
+        "peak_host_memory_bytes": max(resource.getrusage(who).ru_maxrss
+                                      for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) * 1024,
     }
 
 
