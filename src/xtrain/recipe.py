@@ -206,6 +206,10 @@ class Hardware(Section):
     accelerator: Literal["cpu", "cuda", "rocm"] = Field("cpu", description="Device kind to train on.")
     gpus: int = Field(0, ge=0, description="GPUs per node (0 for CPU).")
     nodes: PositiveInt = Field(1, description="Number of nodes.")
+    processes: PositiveInt = Field(
+        1, description="CPU only: data-parallel training processes per node (trl_local, over gloo); they share "
+        "the node's cores and memory.",
+    )
     gpu_model: Literal[tuple(GPUS)] | None = Field(
         None,
         description="GPU model, for its memory and peak throughput in the plan; default "
@@ -225,6 +229,9 @@ class Hardware(Section):
     def _gpus_match_accelerator(self) -> Hardware:
         if self.accelerator == "cpu" and self.gpus:
             raise ValueError(f"gpus is {self.gpus} but accelerator is `cpu`: set accelerator: cuda or rocm, or gpus: 0")
+        if self.accelerator != "cpu" and self.processes != 1:
+            raise ValueError(f"processes is {self.processes} but accelerator is `{self.accelerator}`: GPU runs start "
+                             "one process per GPU; set gpus instead and leave processes at 1")
         if self.accelerator != "cpu" and not self.gpus:
             raise ValueError(f"accelerator is `{self.accelerator}` but gpus is 0: set gpus to at least 1")
         if self.gpu_model and GPUS[self.gpu_model].vendor != self.accelerator:
@@ -236,8 +243,13 @@ class Hardware(Section):
 
     @property
     def devices(self) -> int:
-        """Data-parallel workers: GPUs over all nodes, or one CPU process."""
-        return max(self.gpus, 1) * self.nodes
+        """Data-parallel workers: GPUs, or CPU processes, over all nodes."""
+        return self.processes_per_node * self.nodes
+
+    @property
+    def processes_per_node(self) -> int:
+        """Training processes on each node: one per GPU, or the CPU `processes`."""
+        return self.gpus or self.processes
 
     @property
     def gpu(self) -> str | None:

@@ -44,8 +44,9 @@ class Backend(Protocol):
 
 def _registry() -> dict[str, Backend]:
     from .trl_cpu import TrlCpu
+    from .trl_local import TrlLocal
 
-    return {backend.name: backend for backend in (TrlCpu(),)}
+    return {backend.name: backend for backend in (TrlCpu(), TrlLocal())}
 
 
 def get_backend(name: str) -> Backend:

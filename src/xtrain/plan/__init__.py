@@ -77,12 +77,12 @@ class Planner:
         return peak if self.hardware.accelerator == "cpu" else int(peak * ALLOCATOR_SLACK) + GPU_CONTEXT_BYTES
 
     def budget(self, gpu: str | None = None) -> int:
-        """Bytes one device offers: a GPU's memory, or a CPU node's RAM less the process's own."""
+        """Bytes one device offers: a GPU's memory, or a CPU process's share of its node's RAM less its own."""
         hardware = self.hardware
         if hardware.accelerator == "cpu":
             total = (hardware.host_memory_gb * GIB if hardware.host_memory_gb
                      else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-            return int(total * HOST_HEADROOM) - PROCESS_OVERHEAD_BYTES
+            return int(total * HOST_HEADROOM) // hardware.processes - PROCESS_OVERHEAD_BYTES
         if gpu is None and hardware.gpu_memory_gb:
             return int(hardware.gpu_memory_gb * GIB)
         return int(GPUS[gpu or hardware.gpu].memory_gib * GIB)
@@ -266,7 +266,7 @@ def resources(planner: Planner, peak: int, seconds: float) -> dict[str, int]:
     """What the train job asks the scheduler for, per node: GPUs, cores, host memory, minutes."""
     hardware, params = planner.hardware, planner.params
     if hardware.accelerator == "cpu":
-        host_bytes, cpus = PROCESS_OVERHEAD_BYTES + peak, cpu_count(hardware)
+        host_bytes, cpus = hardware.processes * (PROCESS_OVERHEAD_BYTES + peak), cpu_count(hardware)
     else:  # each GPU's process holds a host copy of the weights while loading them
         host_bytes = hardware.gpus * (PROCESS_OVERHEAD_BYTES + params["total"] * 4)
         cpus = hardware.cpus or GPU_HOST_CPUS * hardware.gpus
