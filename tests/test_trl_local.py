@@ -11,6 +11,7 @@ import pytest
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import build_run
 from xtrain.backends import get_backend
+from xtrain.backends.trl import cpu_placement
 from xtrain.backends.trl_local import first_host, found_device, torchrun_command
 from xtrain.errors import XtrainError
 from xtrain.recipe import Hardware, RecipeError, Train, parse_recipe
@@ -50,6 +51,13 @@ def test_several_nodes_need_a_slurm_allocation_of_that_many_nodes():
         torchrun_command("python", hardware, Path("job.json"), {})
     with pytest.raises(XtrainError, match="hardware.nodes is 2 but Slurm job 4242 has 3 node"):
         torchrun_command("python", hardware, Path("job.json"), {**SLURM, "SLURM_JOB_NUM_NODES": "3"})
+
+
+def test_a_plan_the_cpu_cannot_run_is_refused_before_launch():
+    with pytest.raises(XtrainError, match="CPU processes train as DDP only"):
+        cpu_placement({"precision": "fp32", "layout": {"strategy": "fsdp"}})
+    with pytest.raises(XtrainError, match="plan precision 'fp16' cannot run on the CPU"):
+        cpu_placement({"precision": "fp16", "layout": {"strategy": "single"}})
 
 
 def test_a_gpu_recipe_on_a_machine_without_one_says_so():
@@ -122,7 +130,9 @@ def test_two_processes_give_the_one_process_loss_curve(one_process_run, tiny_mod
     plan = json.loads(two["plan"].read_text())["layout"]
     assert (plan["strategy"], plan["devices"], plan["micro_batch_size"], plan["gradient_accumulation_steps"]) == (
         "ddp", 2, 3, 1)
-    assert any("torch.distributed.run --nproc-per-node=2" in r.getMessage() for r in caplog.records)
+    launched = [r.getMessage() for r in caplog.records]
+    assert any("torch.distributed.run --nproc-per-node=2" in message for message in launched)
+    assert sum("2 process(es), model wrapped as DistributedDataParallel" in message for message in launched) == 2
     metrics = assert_checkpoint_contract(two["checkpoint"], tiny_model, "trl_local")
     one = json.loads((one_process_run["checkpoint"] / "train_metrics.json").read_text())
     assert [e["step"] for e in metrics["loss"]] == [e["step"] for e in one["loss"]] == [1, 2, 3, 4, 5]

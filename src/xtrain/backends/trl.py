@@ -55,11 +55,16 @@ def callbacks(train: Train) -> list:
 
 
 def cpu_placement(plan: dict) -> Placement:
-    """The CPU settings: fp32, or bf16 autocast (weights stay fp32) when the plan chose it."""
+    """The CPU settings: fp32, or bf16 autocast (weights stay fp32) when the plan chose it; processes as DDP."""
     if plan["precision"] not in ("fp32", "bf16"):
         raise XtrainError(
             f"plan precision {plan['precision']!r} cannot run on the CPU (fp32 or bf16 autocast only); re-run the plan "
             "for hardware.accelerator: cpu"
+        )
+    if plan["layout"]["strategy"] == "fsdp":
+        raise XtrainError(
+            "the plan's layout is fsdp, but CPU processes train as DDP only (accelerate ignores FSDP there): "
+            "re-run the plan for hardware.accelerator: cpu"
         )
     return Placement("cpu", plan["precision"])
 
@@ -175,6 +180,8 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=job.resume_from)
     seconds = time.perf_counter() - started
+    log.info("trained on %s, %s autocast, %d process(es), model wrapped as %s", placement.device,
+             placement.precision, args.world_size, type(trainer.model_wrapped).__name__)
     trainer.save_model(str(job.out))  # the main process writes; under FSDP every rank helps gather
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(str(job.out))

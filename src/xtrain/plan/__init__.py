@@ -189,7 +189,10 @@ def check_micro_batch(train: Train, hardware: Hardware) -> int:
 
 
 def strategies(planner: Planner) -> list[str]:
-    return ["single"] if planner.hardware.devices == 1 else ["ddp", "fsdp"]
+    if planner.hardware.devices == 1:
+        return ["single"]
+    # accelerate runs CPU processes as DDP only (it ignores an FSDP plugin there).
+    return ["ddp"] if planner.hardware.accelerator == "cpu" else ["ddp", "fsdp"]
 
 
 def first_step(planner: Planner, precision: str, micro: int, seq_len: int, checkpointing: bool) -> Step:
