@@ -6,7 +6,7 @@ import time
 
 from ..errors import XtrainError
 from ..recipe import Hardware, Train
-from . import TrainJob, TrainResult
+from . import TrainJob, TrainResult, guards
 
 
 def save_every(seconds: float):
@@ -50,8 +50,10 @@ class TrlCpu:
         train, plan = job.train, job.plan
         if plan["precision"] not in ("fp32", "bf16"):
             raise XtrainError(f"plan precision {plan['precision']!r} is not supported by trl_cpu; re-run the plan")
-        tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            job.model_dir, dtype=torch.float32, trust_remote_code=job.trust_remote_code
+        )
         # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.
         model.config.use_cache = False
         dataset = Dataset.from_parquet(str(job.prepared_dir / "train.parquet"))
@@ -97,7 +99,7 @@ class TrlCpu:
         )
         trainer = SFTTrainer(
             model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
-            callbacks=[save_every(train.checkpoint_minutes * 60)],
+            callbacks=[save_every(train.checkpoint_minutes * 60), *guards.callbacks()],
         )
         started = time.perf_counter()
         trainer.train(resume_from_checkpoint=job.resume_from)
