@@ -6,7 +6,7 @@ sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by S
 from xtrain.artifacts import read_json, write_json
 from xtrain.plan import make_plan
 from xtrain.recipe import Hardware, Train, trusts_remote_code
-from xtrain.stage import run_stage
+from xtrain.stage import recipe_file, run_stage
 
 
 def plan():
@@ -21,4 +21,4 @@ def plan():
     write_json(snakemake.output[0], result)
 
 
-run_stage(snakemake.log[0], plan)
+run_stage(snakemake.log[0], plan, recipe_file(snakemake))

@@ -5,7 +5,7 @@ from pathlib import Path
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
 from xtrain.data import prepare
 from xtrain.recipe import Data, trusts_remote_code
-from xtrain.stage import run_stage
+from xtrain.stage import recipe_file, run_stage
 
 run_stage(
     snakemake.log[0],
@@ -16,4 +16,5 @@ run_stage(
         out=Path(snakemake.output[0]),
         trust_remote_code=trusts_remote_code(snakemake.params.recipe),
     ),
+    recipe_file(snakemake),
 )
