@@ -45,6 +45,7 @@ SECRETS = {name: f"planted-{name.lower()}-{uuid.uuid4().hex}"
            for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "OPENAI_API_KEY")}
 OUTPUT_DIRS = ("prepared", "plans", "checkpoints", "reports")
 CONSOLE: list[str] = []  # everything snakemake printed, scanned for the planted tokens at the end
+CHECKPOINT_BYTES: list[int] = []  # disk use of one trainer checkpoint, once measured
 
 
 def run(root: Path, *targets: str, fault: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -149,6 +150,8 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(proje
     assert "Traceback" not in log
     assert trainer_checkpoints(project) == {"checkpoint-2": True, "checkpoint-4": True}
     assert not (project / "checkpoints/small").exists()
+    saved = next((project / "runs/small").glob("*/checkpoint-2"))  # sizes the full disk of the next test
+    CHECKPOINT_BYTES.append(sum(p.stat().st_blocks * 512 for p in saved.rglob("*") if p.is_file()))
     # The poison was in memory only: the kept checkpoint resumes to the uninterrupted result.
     run(project, "checkpoints/small")
     assert Path(read_json(project / "checkpoints/small/manifest.json")["resumed_from"]).name == "checkpoint-4"
@@ -156,11 +159,8 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(proje
 
 
 def test_full_disk_while_saving_fails_clearly_and_keeps_the_previous_checkpoint(project, reference):
-    # A trainer checkpoint's size, from the run killed mid-way (two of them then on disk).
-    failing(project, "train_step:4", "checkpoints/small")
-    saved = next((project / "runs/small").glob("*/checkpoint-2"))
-    size = sum(p.stat().st_blocks * 512 for p in saved.rglob("*") if p.is_file())  # tmpfs counts whole pages
-    shutil.rmtree(project / "runs/small")
+    assert CHECKPOINT_BYTES, "runs after the NaN test, which measures a trainer checkpoint"
+    size = CHECKPOINT_BYTES[0]  # tmpfs counts whole pages, as st_blocks does
     runs = project / "runs"
     runs.mkdir(exist_ok=True)
     # Room for one checkpoint and a half: the second save runs out of space part way.
