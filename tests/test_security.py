@@ -66,12 +66,13 @@ def custom_model(tiny_model, tmp_path, monkeypatch) -> tuple[Path, Path]:
 def test_trust_remote_code_is_off_unless_the_recipe_sets_it(tmp_path):
     recipe = load_recipe(REPO / "recipes/demo.yaml")
     assert recipe.model.trust_remote_code is False
-    assert not any(trusts_remote_code(stage_params(recipe, stage)) for stage in ("prepare", "plan", "train", "evaluate"))
+    stages = ("prepare", "plan", "train", "evaluate")
+    assert not any(trusts_remote_code(stage_params(recipe, stage)) for stage in stages)
     on = tmp_path / "on.yaml"
     on.write_text((REPO / "recipes/demo.yaml").read_text().replace(
         "  path: models/tiny-llama\n", "  path: models/tiny-llama\n  trust_remote_code: true\n"))
     recipe = load_recipe(on)
-    assert all(trusts_remote_code(stage_params(recipe, stage)) for stage in ("prepare", "plan", "train", "evaluate"))
+    assert all(trusts_remote_code(stage_params(recipe, stage)) for stage in stages)
 
 
 def test_custom_code_is_refused_without_trust(custom_model, tmp_path):

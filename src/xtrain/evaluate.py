@@ -62,11 +62,18 @@ def load_tuned(model_dir: Path, checkpoint_dir: Path, trust_remote_code: bool = 
 
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=trust_remote_code)
         return PeftModel.from_pretrained(base, checkpoint_dir)
-    return AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    return AutoModelForCausalLM.from_pretrained(
+        checkpoint_dir, dtype=torch.float32, trust_remote_code=trust_remote_code
+    )
 
 
 def evaluate(
-    model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, settings: Eval, out: Path, trust_remote_code: bool = False
+    model_dir: Path,
+    checkpoint_dir: Path,
+    prepared_dir: Path,
+    settings: Eval,
+    out: Path,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

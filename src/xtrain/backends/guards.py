@@ -51,7 +51,7 @@ def callbacks() -> list:
 
         def on_save(self, args, state, control, **kwargs):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if folder.is_dir():
+            if args.should_save and folder.is_dir():  # the process that saves (rank 0) marks
                 (folder / COMPLETE_MARKER).write_text(f"{state.global_step}\n")
 
     class StopOnNonFiniteLoss(TrainerCallback):

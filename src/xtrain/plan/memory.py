@@ -64,7 +64,7 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     train = Train(method=method, lora=json.loads(lora) if lora else None)
-    model = meta_model(Path(model_dir), train, dtype=torch_dtype(step.weights_dtype), trust_remote_code=trust_remote_code)
+    model = meta_model(Path(model_dir), train, torch_dtype(step.weights_dtype), trust_remote_code)
     # Fake tensors look like tracing to transformers, which then builds a 4-D causal mask a real
     # unpacked batch never materialises; saying "not packed" keeps the real run's mask-free path.
     no_packing = mock.patch.object(transformers.masking_utils, "find_packed_sequence_indices", lambda *a, **k: None)
