@@ -31,13 +31,24 @@ class RecipeError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A NaN or infinite number (YAML's .nan, .inf) is never a meaningful setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Model(Section):
     """The base model to fine-tune: a local Hugging Face folder (config, tokenizer, weights)."""
 
-    path: str = Field(description="Folder with config.json, tokenizer and weights, relative to the project.")
+    path: str = Field(
+        description="Folder with config.json, tokenizer and weights, relative to the project (folders outside it "
+        "only when config/config.yaml lists them in `allowed_paths`)."
+    )
+    # Strict: only a YAML true turns it on, not "yes", "on" or 1.
+    trust_remote_code: bool = Field(
+        False,
+        strict=True,
+        description="Run the Python code a model folder ships (custom architectures). Off unless set; when set, "
+        "a warning is logged and the checkpoint manifest records it.",
+    )
 
 
 # Row formats a source may hold, and the columns (and turn keys) each reads, under their canonical names.
@@ -292,16 +303,24 @@ def content_hash(value: Any) -> str:
 def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
     """The slice of the recipe one stage reads, as plain JSON data (Snakemake params)."""
     dump = recipe.model_dump(mode="json")
+    # Only a recipe that trusts remote code passes it on, so the slices (and builds) of others do not change.
+    trust = {"model": {"trust_remote_code": True}} if recipe.model.trust_remote_code else {}
     slices = {
-        "prepare": {"data": dump["data"]},
+        "prepare": {"data": dump["data"], **trust},
         "plan": {
             "train": {k: dump["train"][k] for k in Train.SHAPE_FIELDS},
             "hardware": dump["hardware"],
+            **trust,
         },
-        "train": {"train": dump["train"], "hardware": dump["hardware"]},
-        "evaluate": {"eval": dump["eval"]},
+        "train": {"train": dump["train"], "hardware": dump["hardware"], **trust},
+        "evaluate": {"eval": dump["eval"], **trust},
     }
     return slices[stage]
+
+
+def trusts_remote_code(params: dict[str, Any]) -> bool:
+    """Whether a stage's params (from `stage_params`) allow running a model folder's own code."""
+    return bool(params.get("model", {}).get("trust_remote_code", False))
 
 
 def _field_path(loc: tuple) -> str:
@@ -341,6 +360,22 @@ def recipe_name(path: Path) -> str:
     return name
 
 
+class RecipeLoader(yaml.SafeLoader):
+    """The safe loader (no Python tags, so a recipe cannot build objects or run code), refusing a key given
+    twice in one mapping: plain YAML keeps the last silently, and the first setting would be ignored."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping; keep one", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_recipe(path: str | Path) -> Recipe:
     """Read and validate one recipe file (safe YAML loader only)."""
     path = Path(path)
@@ -352,7 +387,7 @@ def load_recipe(path: str | Path) -> Recipe:
     except UnicodeDecodeError as exc:
         raise RecipeError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=RecipeLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

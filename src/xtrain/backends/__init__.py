@@ -25,6 +25,7 @@ class TrainJob:
     out: Path  # staging folder that becomes checkpoints/<recipe>/
     work_dir: Path  # trainer checkpoints, outside the declared output so a rerun resumes
     resume_from: str | None  # the last trainer checkpoint of an interrupted identical run
+    trust_remote_code: bool = False  # model.trust_remote_code: run the model folder's own code
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Literal
 
 from ..errors import XtrainError
 from ..recipe import Train
-from . import TrainJob, TrainResult
+from . import TrainJob, TrainResult, guards
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def save_every(seconds: float):
 
 def callbacks(train: Train) -> list:
     """Every callback the trainer runs with, for every TRL lane."""
-    return [save_every(train.checkpoint_minutes * 60)]
+    return [save_every(train.checkpoint_minutes * 60), *guards.callbacks()]
 
 
 def cpu_placement(plan: dict) -> Placement:
@@ -118,12 +118,12 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
 
     train, plan = job.train, job.plan
     on_cpu = placement.device == "cpu"
-    tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code)
     # LoRA on a GPU holds the frozen base in 16 bits (plan weights_dtype), in the dtype autocast really uses;
     # the CPU and full fine-tunes keep fp32 (master) weights.
     sixteen_bit_base = not on_cpu and train.method == "lora" and plan["weights_dtype"] != "fp32"
     dtype = getattr(torch, TORCH_DTYPES[placement.precision if sixteen_bit_base else "fp32"])
-    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, trust_remote_code=job.trust_remote_code)
     # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.
     model.config.use_cache = False
     dataset = Dataset.from_parquet(str(job.prepared_dir / "train.parquet"))
