@@ -127,20 +127,11 @@ def torchrun_command(python: str, hardware: Hardware, job_file: Path, env: dict[
 
 
 def write_job(job: TrainJob, path: Path) -> None:
-    data = {
-        "model_dir": str(job.model_dir), "prepared_dir": str(job.prepared_dir), "plan": job.plan,
-        "train": job.train.model_dump(mode="json"), "hardware": job.hardware.model_dump(mode="json"),
-        "out": str(job.out), "work_dir": str(job.work_dir), "resume_from": job.resume_from,
-    }
-    path.write_text(json.dumps(data, indent=1))
+    path.write_text(json.dumps(job.to_json(), indent=1))
 
 
 def read_job(path: Path) -> TrainJob:
-    data = json.loads(path.read_text())
-    return TrainJob(
-        Path(data["model_dir"]), Path(data["prepared_dir"]), data["plan"], Train.model_validate(data["train"]),
-        Hardware.model_validate(data["hardware"]), Path(data["out"]), Path(data["work_dir"]), data["resume_from"],
-    )
+    return TrainJob.from_json(json.loads(path.read_text()))
 
 
 class TrlLocal:
