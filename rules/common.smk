@@ -8,9 +8,8 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from xtrain.backends import get_backend  # noqa: E402
-from xtrain.errors import XtrainError  # noqa: E402
-from xtrain.recipe import RecipeError, load_recipe, stage_params  # noqa: E402
+from xtrain.preflight import preflight  # noqa: E402
+from xtrain.recipe import RecipeError, stage_params  # noqa: E402
 
 
 validate(config, "../config/config.schema.yaml")
@@ -30,23 +29,15 @@ localrules:
 
 
 def load_recipes(folder):
-    """Validate every recipe before any job runs; the first bad one stops the workflow."""
+    """Check every recipe before any job runs (xtrain.preflight); the first bad one stops the workflow."""
     recipes = {}
     for path in sorted(Path(folder).glob("*.yaml")):
         try:
-            recipe = load_recipe(path)
-            get_backend(recipe.train.backend).check(recipe.train, recipe.hardware)
-        except RecipeError as exc:  # already names the file
-            raise WorkflowError(str(exc))
-        except XtrainError as exc:  # a backend refusing a field names the field, not the file
-            raise WorkflowError(f"{path}: {exc}")
-        model = recipe.model.path
-        if model != config["tiny_model"]["path"] and not Path(model, "config.json").is_file():
-            raise WorkflowError(
-                f"{path}: model.path {model!r} is not a model folder (no config.json there); "
-                "point it at a local Hugging Face model folder"
+            recipes[path.stem] = preflight(
+                path, Path.cwd(), config["allowed_paths"], built=[config["tiny_model"]["path"]]
             )
-        recipes[path.stem] = recipe
+        except RecipeError as exc:  # names the file, the field and the fix
+            raise WorkflowError(str(exc))
     return recipes
 
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
 from xtrain.evaluate import evaluate
-from xtrain.recipe import Eval
-from xtrain.stage import run_stage
+from xtrain.recipe import Eval, trusts_remote_code
+from xtrain.stage import recipe_file, run_stage
 
 run_stage(
     snakemake.log[0],
@@ -15,5 +15,7 @@ run_stage(
         prepared_dir=Path(snakemake.input.prepared),
         settings=Eval.model_validate(snakemake.params.recipe["eval"]),
         out=Path(snakemake.output[0]),
+        trust_remote_code=trusts_remote_code(snakemake.params.recipe),
     ),
+    recipe_file(snakemake),
 )

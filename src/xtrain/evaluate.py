@@ -52,7 +52,7 @@ def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tup
     return total, count
 
 
-def load_tuned(model_dir: Path, checkpoint_dir: Path):
+def load_tuned(model_dir: Path, checkpoint_dir: Path, trust_remote_code: bool = False):
     """The tuned model: base + PEFT adapter, or the full model the checkpoint holds."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -60,21 +60,32 @@ def load_tuned(model_dir: Path, checkpoint_dir: Path):
     if (checkpoint_dir / "adapter_config.json").is_file():
         from peft import PeftModel
 
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=trust_remote_code)
         return PeftModel.from_pretrained(base, checkpoint_dir)
-    return AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(
+        checkpoint_dir, dtype=torch.float32, trust_remote_code=trust_remote_code
+    )
 
 
-def evaluate(model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, settings: Eval, out: Path) -> dict[str, Any]:
+def evaluate(
+    model_dir: Path,
+    checkpoint_dir: Path,
+    prepared_dir: Path,
+    settings: Eval,
+    out: Path,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir, trust_remote_code=trust_remote_code)
     input_ids, masks = load_eval_split(prepared_dir)
     metrics: dict[str, Any] = {"eval_rows": len(input_ids)}
     candidates = {
-        "base": lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-        "tuned": lambda: load_tuned(model_dir, checkpoint_dir),
+        "base": lambda: AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, trust_remote_code=trust_remote_code
+        ),
+        "tuned": lambda: load_tuned(model_dir, checkpoint_dir, trust_remote_code),
     }
     for name, load in candidates.items():
         total, count = supervised_nll(load(), input_ids, masks, settings.batch_size, tokenizer.pad_token_id)

@@ -31,13 +31,24 @@ class RecipeError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A NaN or infinite number (YAML's .nan, .inf) is never a meaningful setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Model(Section):
     """The base model to fine-tune: a local Hugging Face folder (config, tokenizer, weights)."""
 
-    path: str = Field(description="Folder with config.json, tokenizer and weights, relative to the project.")
+    path: str = Field(
+        description="Folder with config.json, tokenizer and weights, relative to the project (folders outside it "
+        "only when config/config.yaml lists them in `allowed_paths`)."
+    )
+    # Strict: only a YAML true turns it on, not "yes", "on" or 1.
+    trust_remote_code: bool = Field(
+        False,
+        strict=True,
+        description="Run the Python code a model folder ships (custom architectures). Off unless set; when set, "
+        "a warning is logged and the checkpoint manifest records it.",
+    )
 
 
 # Row formats a source may hold, and the columns (and turn keys) each reads, under their canonical names.
@@ -206,6 +217,10 @@ class Hardware(Section):
     accelerator: Literal["cpu", "cuda", "rocm"] = Field("cpu", description="Device kind to train on.")
     gpus: int = Field(0, ge=0, description="GPUs per node (0 for CPU).")
     nodes: PositiveInt = Field(1, description="Number of nodes.")
+    processes: PositiveInt = Field(
+        1, description="CPU only: data-parallel training processes per node (trl_local, over gloo); they share "
+        "the node's cores and memory.",
+    )
     gpu_model: Literal[tuple(GPUS)] | None = Field(
         None,
         description="GPU model, for its memory and peak throughput in the plan; default "
@@ -225,6 +240,9 @@ class Hardware(Section):
     def _gpus_match_accelerator(self) -> Hardware:
         if self.accelerator == "cpu" and self.gpus:
             raise ValueError(f"gpus is {self.gpus} but accelerator is `cpu`: set accelerator: cuda or rocm, or gpus: 0")
+        if self.accelerator != "cpu" and self.processes != 1:
+            raise ValueError(f"processes is {self.processes} but accelerator is `{self.accelerator}`: GPU runs start "
+                             "one process per GPU; set gpus instead and leave processes at 1")
         if self.accelerator != "cpu" and not self.gpus:
             raise ValueError(f"accelerator is `{self.accelerator}` but gpus is 0: set gpus to at least 1")
         if self.gpu_model and GPUS[self.gpu_model].vendor != self.accelerator:
@@ -236,8 +254,13 @@ class Hardware(Section):
 
     @property
     def devices(self) -> int:
-        """Data-parallel workers: GPUs over all nodes, or one CPU process."""
-        return max(self.gpus, 1) * self.nodes
+        """Data-parallel workers: GPUs, or CPU processes, over all nodes."""
+        return self.processes_per_node * self.nodes
+
+    @property
+    def processes_per_node(self) -> int:
+        """Training processes on each node: one per GPU, or the CPU `processes`."""
+        return self.gpus or self.processes
 
     @property
     def gpu(self) -> str | None:
@@ -280,16 +303,24 @@ def content_hash(value: Any) -> str:
 def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
     """The slice of the recipe one stage reads, as plain JSON data (Snakemake params)."""
     dump = recipe.model_dump(mode="json")
+    # Only a recipe that trusts remote code passes it on, so the slices (and builds) of others do not change.
+    trust = {"model": {"trust_remote_code": True}} if recipe.model.trust_remote_code else {}
     slices = {
-        "prepare": {"data": dump["data"]},
+        "prepare": {"data": dump["data"], **trust},
         "plan": {
             "train": {k: dump["train"][k] for k in Train.SHAPE_FIELDS},
             "hardware": dump["hardware"],
+            **trust,
         },
-        "train": {"train": dump["train"], "hardware": dump["hardware"]},
-        "evaluate": {"eval": dump["eval"]},
+        "train": {"train": dump["train"], "hardware": dump["hardware"], **trust},
+        "evaluate": {"eval": dump["eval"], **trust},
     }
     return slices[stage]
+
+
+def trusts_remote_code(params: dict[str, Any]) -> bool:
+    """Whether a stage's params (from `stage_params`) allow running a model folder's own code."""
+    return bool(params.get("model", {}).get("trust_remote_code", False))
 
 
 def _field_path(loc: tuple) -> str:
@@ -329,6 +360,22 @@ def recipe_name(path: Path) -> str:
     return name
 
 
+class RecipeLoader(yaml.SafeLoader):
+    """The safe loader (no Python tags, so a recipe cannot build objects or run code), refusing a key given
+    twice in one mapping: plain YAML keeps the last silently, and the first setting would be ignored."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping; keep one", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_recipe(path: str | Path) -> Recipe:
     """Read and validate one recipe file (safe YAML loader only)."""
     path = Path(path)
@@ -340,7 +387,7 @@ def load_recipe(path: str | Path) -> Recipe:
     except UnicodeDecodeError as exc:
         raise RecipeError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=RecipeLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

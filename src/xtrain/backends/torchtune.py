@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import shutil
 import time
@@ -222,7 +223,7 @@ def log_history(log_file: Path, logging_steps: int) -> list[dict[str, Any]]:
     return history
 
 
-def export_checkpoint(epoch_dir: Path, model_dir: Path, out: Path, method: str) -> None:
+def export_checkpoint(epoch_dir: Path, model_dir: Path, out: Path, method: str, trust_remote_code: bool) -> None:
     """Copy torchtune's HF-format output into the checkpoint contract. For LoRA only the PEFT adapter:
     torchtune's epoch folder also holds the merged weights, and a folder with both is loaded by
     transformers 5 as merged weights plus the adapter a second time."""
@@ -239,7 +240,7 @@ def export_checkpoint(epoch_dir: Path, model_dir: Path, out: Path, method: str) 
             if path.suffix == ".safetensors" or path.name in ("config.json", "model.safetensors.index.json",
                                                                "generation_config.json"):
                 shutil.copyfile(path, out / path.name)
-    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code).save_pretrained(out)
 
 
 def tensors(folder: Path) -> dict[str, Path]:
@@ -344,8 +345,17 @@ class Torchtune:
         seconds = time.perf_counter() - started
 
         out = Path(config["output_dir"])
+        logs = sorted((out / "logs").glob("log_*.txt"))
+        history = log_history(logs[-1], job.train.logging_steps)
+        # torchtune steps on whatever the gradients are: a non-finite loss means the saved weights carry it.
+        broken = next((entry["step"] for entry in history if not math.isfinite(entry["loss"])), None)
+        if broken is not None:
+            raise XtrainError(
+                f"torchtune's loss is NaN or infinite by step {broken} (its log: {logs[-1]}); no checkpoint is "
+                "written. Lower train.learning_rate or raise train.warmup_ratio, or check the data, then rerun."
+            )
         epoch_dir = max(out.glob("epoch_*"), key=lambda path: int(path.name.split("_")[1]))
-        export_checkpoint(epoch_dir, job.model_dir, job.out, job.train.method)
+        export_checkpoint(epoch_dir, job.model_dir, job.out, job.train.method, job.trust_remote_code)
         if job.train.method == "lora":
             error = adapter_error(epoch_dir, job.model_dir, job.out)
             log.info("exported adapter vs torchtune's merged weights: largest relative difference %.2e", error)
@@ -354,8 +364,6 @@ class Torchtune:
                     f"the PEFT adapter exported from {epoch_dir} does not reproduce the weights torchtune trained "
                     f"(relative difference {error:.2e}); its adapter export does not fit this model"
                 )
-        logs = sorted((out / "logs").glob("log_*.txt"))
-        history = log_history(logs[-1], job.train.logging_steps)
         steps_per_epoch = config["max_steps_per_epoch"] or history[-1]["step"] // config["epochs"]
         rows_per_epoch = steps_per_epoch * config["gradient_accumulation_steps"] * config["batch_size"]
         trained = components().rows_trained(len(lengths), job.train.seed, config["epochs"], rows_per_epoch)
