@@ -244,3 +244,24 @@ def test_lr_scheduler_walks_transformers_curve(schedule):
             scheduler.step()
         curves.append(curve)
     assert curves[0] == pytest.approx(curves[1], abs=1e-12)
+
+
+def test_a_non_finite_loss_stops_the_lane_before_any_checkpoint(tiny_model, packed_prepared, tmp_path, monkeypatch):
+    """torchtune itself steps on NaN gradients; the lane reads its log and refuses to export."""
+    from xtrain.plan import make_plan
+
+    train = Train(backend="torchtune", global_batch_size=4, max_steps=2, logging_steps=1)
+    plan = make_plan(tiny_model, read_json(packed_prepared / "manifest.json"), train, Hardware())
+    job = TrainJob(tiny_model, packed_prepared, plan, train, Hardware(), tmp_path / "out", tmp_path / "runs", None)
+
+    def fake_torchtune(command, **kwargs):  # what `tune run` leaves when the loss blows up at step 2
+        if "run" in command:
+            logs = tmp_path / "runs" / "torchtune" / "logs"
+            logs.mkdir(parents=True)
+            (logs / "log_1.txt").write_text("Step 1 | loss:6.9 lr:0.0002\nStep 2 | loss:nan lr:0.0002\n")
+
+    monkeypatch.setattr(lane, "lane_python", lambda backend, module: "python")
+    monkeypatch.setattr(lane, "run_command", fake_torchtune)
+    with pytest.raises(XtrainError, match="NaN or infinite by step 2"):
+        get_backend("torchtune").run(job)
+    assert not (tmp_path / "out").exists()
