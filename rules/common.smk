@@ -25,6 +25,9 @@ localrules:
     all,
     build_tiny_model,
     plan,
+    report,
+    gate,
+    compare,
 
 
 def load_recipes(folder):

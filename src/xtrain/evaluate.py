@@ -1,8 +1,10 @@
-"""The evaluate stage: held-out loss and perplexity of the base model and of the tuned one.
+"""The evaluate stage: base model vs tuned one on the held-out split -> eval.json and generations.json.
 
 Both are scored on the prepared eval split with the same template and masking as training:
 the loss is the mean negative log-likelihood over supervised (assistant) tokens, and perplexity
-is its exponential.
+is its exponential. Both also answer a fixed set of eval prompts greedily (`generations`), scored
+against the reference answers. eval.json holds flat metric names -> numbers (`recipe.EVAL_METRICS`),
+for `dvc metrics`; the answers themselves go to generations.json.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+from . import generations
 from .artifacts import write_json
 from .recipe import Eval
 
 
-def load_eval_split(prepared_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
+def load_eval_split(prepared_dir: Path) -> tuple[list[list[int]], list[list[int]], list[str]]:
     from datasets import Dataset
 
     split = Dataset.from_parquet(str(prepared_dir / "eval.parquet"))
-    return split["input_ids"], split["assistant_masks"]
+    return split["input_ids"], split["assistant_masks"], split["row_hash"]
 
 
 def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tuple[float, int]:
@@ -65,23 +68,40 @@ def load_tuned(model_dir: Path, checkpoint_dir: Path):
     return AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32)
 
 
-def evaluate(model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, settings: Eval, out: Path) -> dict[str, Any]:
+def evaluate(model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, settings: Eval, out: Path,
+             generations_out: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
-    input_ids, masks = load_eval_split(prepared_dir)
+    input_ids, masks, row_hashes = load_eval_split(prepared_dir)
+    prompts = []
+    if settings.generations:
+        special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+        prompts = generations.pick_prompts(input_ids, masks, row_hashes, settings.generations, special)
+    stop = generations.stop_ids(tokenizer, prompts)
     metrics: dict[str, Any] = {"eval_rows": len(input_ids)}
     candidates = {
         "base": lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
         "tuned": lambda: load_tuned(model_dir, checkpoint_dir),
     }
+    answers = {}
     for name, load in candidates.items():
-        total, count = supervised_nll(load(), input_ids, masks, settings.batch_size, tokenizer.pad_token_id)
+        model = load()
+        total, count = supervised_nll(model, input_ids, masks, settings.batch_size, tokenizer.pad_token_id)
         loss = total / count
         metrics[f"{name}_loss"] = loss
         metrics[f"{name}_perplexity"] = math.exp(loss)
+        if prompts:
+            answers[name] = generations.generate(model, prompts, stop, tokenizer.pad_token_id, settings.batch_size,
+                                                 settings.max_new_tokens)
     metrics["eval_supervised_tokens"] = count  # the same split and masks for both models
     metrics["loss_improvement"] = metrics["base_loss"] - metrics["tuned_loss"]
+    records = []
+    if prompts:
+        scores, records = generations.score(tokenizer, prompts, answers)
+        metrics.update(scores)
+        generations.warn_if_not_stopping(metrics)
+    write_json(generations_out, records)
     write_json(out, metrics)
     return metrics
