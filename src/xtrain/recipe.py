@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .gpus import DEFAULT_GPU, GPUS
 
@@ -296,14 +296,15 @@ class Eval(Section):
         "when a metric is out of bounds (the report is still written).",
     )
 
-    @model_validator(mode="after")
-    def _gates_on_known_metrics(self) -> Eval:
-        known = EVAL_METRICS if self.generations else LOSS_METRICS
-        unknown = sorted(set(self.gate) - set(known))
+    @field_validator("gate")
+    @classmethod
+    def _gates_on_known_metrics(cls, gate: dict[str, Gate], info: ValidationInfo) -> dict[str, Gate]:
+        known = EVAL_METRICS if info.data.get("generations") else LOSS_METRICS
+        unknown = sorted(set(gate) - set(known))
         if unknown:
             hint = " (generation metrics need eval.generations > 0)" if set(unknown) <= set(EVAL_METRICS) else ""
             raise ValueError(f"gate on unknown metric {unknown}{hint}; known metrics: {', '.join(known)}")
-        return self
+        return gate
 
 
 class Recipe(Section):
