@@ -32,10 +32,12 @@ def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tup
 
     model.eval()
     total, count = 0.0, 0
+    # Rows of similar length share a batch, so little of it is padding (the sum does not depend on order).
+    order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
     with torch.no_grad():
-        for start in range(0, len(input_ids), batch_size):
-            rows = input_ids[start : start + batch_size]
-            row_masks = masks[start : start + batch_size]
+        for start in range(0, len(order), batch_size):
+            rows = [input_ids[i] for i in order[start : start + batch_size]]
+            row_masks = [masks[i] for i in order[start : start + batch_size]]
             width = max(len(r) for r in rows)
             ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
             attention = torch.zeros((len(rows), width), dtype=torch.long)
