@@ -71,6 +71,14 @@ def data_sources(wildcards):
     return [source.path for source in recipe(wildcards).data.sources if source.path is not None]
 
 
+def lm_eval_tasks(wildcards):
+    """The files of the recipe's local lm-eval task folder (keep each task's data file there too)."""
+    harness = recipe(wildcards).eval.lm_eval
+    if harness is None or harness.include_path is None:
+        return []
+    return sorted(str(path) for path in Path(harness.include_path).rglob("*") if path.is_file())
+
+
 def recipe_slice(stage):
     """Params of a stage: only the recipe sections it reads, so other edits do not rerun it."""
     return lambda wildcards: stage_params(recipe(wildcards), stage)

@@ -3,6 +3,7 @@ rule evaluate:
         model=model_dir,
         prepared="prepared/{recipe}",
         checkpoint="checkpoints/{recipe}",
+        lm_eval_tasks=lm_eval_tasks,
     output:
         metrics="reports/{recipe}/eval.json",
         generations="reports/{recipe}/generations.json",

@@ -21,7 +21,9 @@ from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
 
 pytestmark = pytest.mark.slow
 
-DEMO = (REPO / "recipes" / "demo.yaml").read_text()
+# The demo recipe plus a local lm-evaluation-harness task (tests/data/lm_eval, copied into the project).
+DEMO = (REPO / "recipes" / "demo.yaml").read_text() + "  lm_eval: {tasks: [demo_capitals], include_path: lm_eval_tasks}\n"
+TASKS = REPO / "tests/data/lm_eval"
 # Reports the status of every image into the DOM once the page has loaded (added to a copy of the page).
 IMAGE_PROBE = """<script>window.addEventListener('load', () => {
   const images = [...document.images].map(i => i.complete && i.naturalWidth > 0 && i.naturalHeight > 0);
@@ -32,6 +34,7 @@ IMAGE_PROBE = """<script>window.addEventListener('load', () => {
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
     root = copy_workflow(tmp_path_factory.mktemp("report"), {"demo": DEMO})
+    shutil.copytree(TASKS, root / "lm_eval_tasks")
     snakemake(root, "--cores", "2")
     return root
 
@@ -86,6 +89,24 @@ def words_f1(answer: str, reference: str) -> float:
     return 0.0 if same == 0 else 2 * same / (len(a) + len(r))
 
 
+def choice_accuracy(model, tokenizer) -> float:
+    """The harness's multiple-choice `acc`: the choice with the highest log-likelihood after " " wins."""
+    import torch
+
+    docs = [json.loads(line) for line in (TASKS / "capitals.jsonl").read_text().splitlines()]
+    right = 0
+    with torch.no_grad():
+        for doc in docs:
+            context = tokenizer(doc["question"], add_special_tokens=False)["input_ids"]
+            scores = []
+            for choice in doc["choices"]:
+                whole = tokenizer(doc["question"] + " " + choice, add_special_tokens=False)["input_ids"]
+                log_probs = torch.log_softmax(model(torch.tensor([whole])).logits[0].double(), dim=-1)
+                scores.append(sum(log_probs[t - 1, whole[t]].item() for t in range(len(context), len(whole))))
+            right += max(range(len(scores)), key=scores.__getitem__) == doc["answer"]
+    return right / len(docs)
+
+
 def test_every_eval_metric_matches_an_independent_computation(demo):
     import pyarrow.parquet as pq
     import torch
@@ -96,7 +117,7 @@ def test_every_eval_metric_matches_an_independent_computation(demo):
 
     metrics = json.loads((demo / "reports/demo/eval.json").read_text())
     records = json.loads((demo / "reports/demo/generations.json").read_text())
-    assert set(metrics) == set(EVAL_METRICS)
+    assert set(metrics) == set(EVAL_METRICS) | {"base_lm_demo_capitals_acc", "tuned_lm_demo_capitals_acc"}
     assert all(isinstance(value, int | float) for value in metrics.values())  # flat, for dvc metrics
 
     split = pq.read_table(demo / "prepared/demo/eval.parquet").to_pylist()
@@ -144,6 +165,7 @@ def test_every_eval_metric_matches_an_independent_computation(demo):
         assert metrics[f"{name}_exact_match"] == pytest.approx(exact / len(asked))
         assert metrics[f"{name}_token_f1"] == pytest.approx(f1 / len(asked))
         assert metrics[f"{name}_stop_rate"] == pytest.approx(stopped / len(asked))
+        assert metrics[f"{name}_lm_demo_capitals_acc"] == pytest.approx(choice_accuracy(model, tokenizer))
     assert metrics["loss_improvement"] == pytest.approx(metrics["base_loss"] - metrics["tuned_loss"])
 
 

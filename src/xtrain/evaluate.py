@@ -4,7 +4,8 @@ Both are scored on the prepared eval split with the same template and masking as
 the loss is the mean negative log-likelihood over supervised (assistant) tokens, and perplexity
 is its exponential. Both also answer a fixed set of eval prompts greedily (`generations`), scored
 against the reference answers. eval.json holds flat metric names -> numbers (`recipe.EVAL_METRICS`),
-for `dvc metrics`; the answers themselves go to generations.json.
+for `dvc metrics`; the answers themselves go to generations.json. lm-evaluation-harness tasks listed in
+the recipe add their results (`harness`).
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ def evaluate(model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, settings
                                                  settings.max_new_tokens)
     metrics["eval_supervised_tokens"] = count  # the same split and masks for both models
     metrics["loss_improvement"] = metrics["base_loss"] - metrics["tuned_loss"]
+    if settings.lm_eval is not None:
+        from .harness import run_tasks
+
+        metrics.update(run_tasks(settings.lm_eval, model_dir, checkpoint_dir, settings.batch_size))
     records = []
     if prompts:
         scores, records = generations.score(tokenizer, prompts, answers)

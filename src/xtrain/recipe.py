@@ -282,6 +282,21 @@ class Gate(Section):
         return self
 
 
+LM_EVAL_METRIC = re.compile(r"^(base|tuned)_lm_(.+)$")
+
+
+class LmEval(Section):
+    """lm-evaluation-harness tasks run on base and tuned; each result lands in eval.json as
+    `<base|tuned>_lm_<task>_<metric>`."""
+
+    tasks: list[str] = Field(min_length=1, description="Task names: the harness's own, or defined in `include_path`.")
+    include_path: str | None = Field(
+        None, description="Folder of local task YAML files (with local data files: works offline), relative to the project."
+    )
+    limit: PositiveInt | None = Field(None, description="Score only the first this many examples of each task.")
+    num_fewshot: int | None = Field(None, ge=0, description="Few-shot examples; null: each task's default.")
+
+
 class Eval(Section):
     """How the evaluate stage measures base vs tuned, and the gates a tuned model must pass."""
 
@@ -290,6 +305,7 @@ class Eval(Section):
         8, ge=0, description="Eval prompts (the first by content hash) answered greedily by base and tuned; 0: none."
     )
     max_new_tokens: PositiveInt = Field(64, description="Length limit of each generated answer, in tokens.")
+    lm_eval: LmEval | None = Field(None, description="Optional lm-evaluation-harness tasks, base and tuned.")
     gate: dict[str, Gate] = Field(
         default_factory=dict,
         description="eval.json metric -> {min, max}, e.g. {loss_improvement: {min: 0}}; the gate step fails "
@@ -300,10 +316,16 @@ class Eval(Section):
     @classmethod
     def _gates_on_known_metrics(cls, gate: dict[str, Gate], info: ValidationInfo) -> dict[str, Gate]:
         known = EVAL_METRICS if info.data.get("generations") else LOSS_METRICS
-        unknown = sorted(set(gate) - set(known))
+        harness = info.data.get("lm_eval")
+        tasks = harness.tasks if harness else []
+        # Harness metric names depend on the task; a gate must at least name a task the recipe runs.
+        unknown = sorted(metric for metric in set(gate) - set(known)
+                         if not ((match := LM_EVAL_METRIC.match(metric)) and
+                                 any(match[2].startswith(f"{task}_") for task in tasks)))
         if unknown:
             hint = " (generation metrics need eval.generations > 0)" if set(unknown) <= set(EVAL_METRICS) else ""
-            raise ValueError(f"gate on unknown metric {unknown}{hint}; known metrics: {', '.join(known)}")
+            raise ValueError(f"gate on unknown metric {unknown}{hint}; known metrics: {', '.join(known)}"
+                             + "".join(f", base_lm_{task}_<metric>, tuned_lm_{task}_<metric>" for task in tasks))
         return gate
 
 

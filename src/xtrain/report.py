@@ -182,6 +182,11 @@ def metrics_rows(metrics: dict[str, float]) -> list[list[Any]]:
             f'<span class="{"better" if better else "worse"}">{"better" if better else "worse"} '
             f"({tuned - base:+.4g})</span>")
         rows.append([html.escape(name), base, tuned, change])
+    for key in sorted(k for k in metrics if k.startswith("base_lm_")):
+        name = key.removeprefix("base_")
+        tuned = metrics.get(f"tuned_{name}")
+        change = "—" if tuned is None else f"{tuned - metrics[key]:+.4g}"  # the harness knows which way is better
+        rows.append([html.escape(name), metrics[key], tuned, change])
     return rows
 
 
@@ -292,7 +297,8 @@ def compare_rows(metrics_paths: dict[str, Path]) -> list[dict[str, Any]]:
 
 def write_compare(metrics_paths: dict[str, Path], out: Path) -> None:
     rows = compare_rows(metrics_paths)
-    columns = [m for m in EVAL_METRICS if any(m in row for row in rows)]
+    harness = sorted({k for row in rows for k in row if k.startswith(("base_lm_", "tuned_lm_"))})
+    columns = [m for m in EVAL_METRICS if any(m in row for row in rows)] + harness
     table = _table(["rank", "recipe", *columns], [
         [rank, f'<a href="{html.escape(row["recipe"])}/report.html">{html.escape(row["recipe"])}</a>',
          *[row.get(m) for m in columns]] for rank, row in enumerate(rows, 1)
