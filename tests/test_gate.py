@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from xtrain.errors import XtrainError
@@ -89,3 +91,28 @@ def test_token_f1():
 
 def test_eval_defaults_ask_for_generations():
     assert Eval().generations == 8 and Eval().max_new_tokens > 0 and Eval().gate == {}
+
+
+def test_gates_may_name_metrics_of_listed_lm_eval_tasks_only():
+    harness = {"tasks": ["demo_capitals"], "include_path": "tasks"}
+    assert recipe_with({"lm_eval": harness, "gate": {"tuned_lm_demo_capitals_acc": {"min": 0.5}}}).eval.gate
+    with pytest.raises(RecipeError, match=r"tuned_lm_other_acc.*tuned_lm_demo_capitals_<metric>"):
+        recipe_with({"lm_eval": harness, "gate": {"tuned_lm_other_acc": {"min": 0.5}}})
+
+
+def test_harness_results_become_flat_metrics():
+    from xtrain.harness import flatten, model_args
+
+    results = {"capitals": {"alias": "capitals", "acc,none": 0.5, "acc_stderr,none": 0.1, "exact_match,strict": 1}}
+    assert flatten(results, "tuned") == {"tuned_lm_capitals_acc": 0.5, "tuned_lm_capitals_exact_match_strict": 1.0}
+    assert model_args(Path("m"), Path("c"), "base")["pretrained"] == "m"
+
+
+def test_tuned_model_for_the_harness_is_base_plus_adapter_or_the_full_checkpoint(tmp_path):
+    from xtrain.harness import model_args
+
+    full = model_args(Path("m"), tmp_path, "tuned")
+    assert full["pretrained"] == str(tmp_path) and "peft" not in full
+    (tmp_path / "adapter_config.json").write_text("{}")
+    adapter = model_args(Path("m"), tmp_path, "tuned")
+    assert adapter["pretrained"] == "m" and adapter["peft"] == str(tmp_path)

@@ -266,7 +266,9 @@ def test_plan_params_do_not_change_with_the_learning_rate(tmp_path):
 
 def test_evaluate_params_hold_only_the_eval_section_less_its_gates():
     recipe = load_recipe(ROOT / "recipes/demo.yaml")
-    assert stage_params(recipe, "evaluate") == {"eval": {"batch_size": 16, "generations": 8, "max_new_tokens": 48}}
+    assert stage_params(recipe, "evaluate") == {
+        "eval": {"batch_size": 16, "generations": 8, "max_new_tokens": 48, "lm_eval": None}
+    }
     assert stage_params(recipe, "gate") == {"gate": {"loss_improvement": {"min": 0.0, "max": None}}}
 
 
