@@ -42,7 +42,8 @@ def load_recipes(folder):
         except XtrainError as exc:  # a backend refusing a field names the field, not the file
             raise WorkflowError(f"{path}: {exc}")
         model = recipe.model.path
-        if model != config["tiny_model"]["path"] and not Path(model, "config.json").is_file():
+        built = {config["tiny_model"]["path"], config.get("gguf_model", {}).get("path")}  # models a rule builds
+        if model not in built and not Path(model, "config.json").is_file():
             raise WorkflowError(
                 f"{path}: model.path {model!r} is not a model folder (no config.json there); "
                 "point it at a local Hugging Face model folder"
