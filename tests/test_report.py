@@ -35,7 +35,7 @@ IMAGE_PROBE = """<script>window.addEventListener('load', () => {
 def demo(tmp_path_factory) -> Path:
     root = copy_workflow(tmp_path_factory.mktemp("report"), {"demo": DEMO})
     shutil.copytree(TASKS, root / "lm_eval_tasks")
-    snakemake(root, "--cores", "2")
+    snakemake(root, "--cores", "2", timeout=1500)  # ~2 min on a quiet machine; shared machines are slower
     return root
 
 

