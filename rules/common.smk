@@ -26,6 +26,14 @@ localrules:
     all,
     build_tiny_model,
     plan,
+    report,
+    gate,
+    compare,
+
+
+def models_built_by_rules():
+    """Model folders a rule of this workflow builds, so a recipe may name them before they exist."""
+    return [config["tiny_model"]["path"], config["gguf_model"]["path"]]
 
 
 def load_recipes(folder):
@@ -33,9 +41,7 @@ def load_recipes(folder):
     recipes = {}
     for path in sorted(Path(folder).glob("*.yaml")):
         try:
-            recipes[path.stem] = preflight(
-                path, Path.cwd(), config["allowed_paths"], built=[config["tiny_model"]["path"]]
-            )
+            recipes[path.stem] = preflight(path, Path.cwd(), config["allowed_paths"], built=models_built_by_rules())
         except RecipeError as exc:  # names the file, the field and the fix
             raise WorkflowError(str(exc))
     return recipes
@@ -59,6 +65,14 @@ def model_dir(wildcards):
 
 def data_sources(wildcards):
     return [source.path for source in recipe(wildcards).data.sources if source.path is not None]
+
+
+def lm_eval_tasks(wildcards):
+    """The files of the recipe's local lm-eval task folder (keep each task's data file there too)."""
+    harness = recipe(wildcards).eval.lm_eval
+    if harness is None or harness.include_path is None:
+        return []
+    return sorted(str(path) for path in Path(harness.include_path).rglob("*") if path.is_file())
 
 
 def recipe_slice(stage):

@@ -1,4 +1,4 @@
-"""Rule evaluate: base vs tuned held-out loss and perplexity -> eval.json."""
+"""Rule evaluate: base vs tuned held-out loss, perplexity and greedy answers -> eval.json, generations.json."""
 import sys
 from pathlib import Path
 
@@ -14,7 +14,8 @@ run_stage(
         checkpoint_dir=Path(snakemake.input.checkpoint),
         prepared_dir=Path(snakemake.input.prepared),
         settings=Eval.model_validate(snakemake.params.recipe["eval"]),
-        out=Path(snakemake.output[0]),
+        out=Path(snakemake.output.metrics),
+        generations_out=Path(snakemake.output.generations),
         trust_remote_code=trusts_remote_code(snakemake.params.recipe),
     ),
     recipe_file(snakemake),

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .gpus import DEFAULT_GPU, GPUS
 
@@ -268,10 +268,88 @@ class Hardware(Section):
         return self.gpu_model or DEFAULT_GPU.get(self.accelerator)
 
 
-class Eval(Section):
-    """How the evaluate stage measures base vs tuned."""
+# Every number the evaluate stage writes to eval.json (what `eval.gate` may name), and what it means.
+LOSS_METRICS = {
+    "eval_rows": "rows of the eval split",
+    "eval_supervised_tokens": "tokens the loss is computed on (assistant tokens)",
+    "base_loss": "mean NLL of the base model over supervised tokens",
+    "tuned_loss": "mean NLL of the tuned model over supervised tokens",
+    "base_perplexity": "exp(base_loss)",
+    "tuned_perplexity": "exp(tuned_loss)",
+    "loss_improvement": "base_loss - tuned_loss (positive: tuning helped)",
+}
+GENERATION_METRICS = {
+    "generations": "eval prompts answered greedily by each model",
+    "base_exact_match": "share of base answers equal to the reference (case and spacing ignored)",
+    "tuned_exact_match": "share of tuned answers equal to the reference (case and spacing ignored)",
+    "base_token_f1": "mean word-level F1 of base answers against the reference",
+    "tuned_token_f1": "mean word-level F1 of tuned answers against the reference",
+    "base_stop_rate": "share of base answers that end with the end-of-turn token within max_new_tokens",
+    "tuned_stop_rate": "share of tuned answers that end with the end-of-turn token within max_new_tokens",
+}
+EVAL_METRICS = {**LOSS_METRICS, **GENERATION_METRICS}
 
-    batch_size: PositiveInt = Field(8, description="Sequences per evaluation forward pass.")
+
+class Gate(Section):
+    """Bounds one eval.json metric must stay within, or the gate step fails."""
+
+    min: float | None = Field(None, description="Fail when the metric is below this.")
+    max: float | None = Field(None, description="Fail when the metric is above this.")
+
+    @model_validator(mode="after")
+    def _a_bound(self) -> Gate:
+        if self.min is None and self.max is None:
+            raise ValueError("a gate needs `min`, `max` or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}: no value can pass")
+        return self
+
+
+LM_EVAL_METRIC = re.compile(r"^(base|tuned)_lm_(.+)$")
+
+
+class LmEval(Section):
+    """lm-evaluation-harness tasks run on base and tuned; each result lands in eval.json as
+    `<base|tuned>_lm_<task>_<metric>`."""
+
+    tasks: list[str] = Field(min_length=1, description="Task names: the harness's own, or defined in `include_path`.")
+    include_path: str | None = Field(
+        None, description="Folder of local task YAML files (with local data files: works offline), relative to the project."
+    )
+    limit: PositiveInt | None = Field(None, description="Score only the first this many examples of each task.")
+    num_fewshot: int | None = Field(None, ge=0, description="Few-shot examples; null: each task's default.")
+
+
+class Eval(Section):
+    """How the evaluate stage measures base vs tuned, and the gates a tuned model must pass."""
+
+    batch_size: PositiveInt = Field(8, description="Sequences per evaluation forward pass (and generation batch).")
+    generations: int = Field(
+        8, ge=0, description="Eval prompts (the first by content hash) answered greedily by base and tuned; 0: none."
+    )
+    max_new_tokens: PositiveInt = Field(64, description="Length limit of each generated answer, in tokens.")
+    lm_eval: LmEval | None = Field(None, description="Optional lm-evaluation-harness tasks, base and tuned.")
+    gate: dict[str, Gate] = Field(
+        default_factory=dict,
+        description="eval.json metric -> {min, max}, e.g. {loss_improvement: {min: 0}}; the gate step fails "
+        "when a metric is out of bounds (the report is still written).",
+    )
+
+    @field_validator("gate")
+    @classmethod
+    def _gates_on_known_metrics(cls, gate: dict[str, Gate], info: ValidationInfo) -> dict[str, Gate]:
+        known = EVAL_METRICS if info.data.get("generations") else LOSS_METRICS
+        harness = info.data.get("lm_eval")
+        tasks = harness.tasks if harness else []
+        # Harness metric names depend on the task; a gate must at least name a task the recipe runs.
+        unknown = sorted(metric for metric in set(gate) - set(known)
+                         if not ((match := LM_EVAL_METRIC.match(metric)) and
+                                 any(match[2].startswith(f"{task}_") for task in tasks)))
+        if unknown:
+            hint = " (generation metrics need eval.generations > 0)" if set(unknown) <= set(EVAL_METRICS) else ""
+            raise ValueError(f"gate on unknown metric {unknown}{hint}; known metrics: {', '.join(known)}"
+                             + "".join(f", base_lm_{task}_<metric>, tuned_lm_{task}_<metric>" for task in tasks))
+        return gate
 
 
 class Recipe(Section):
@@ -313,7 +391,10 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
             **trust,
         },
         "train": {"train": dump["train"], "hardware": dump["hardware"], **trust},
-        "evaluate": {"eval": dump["eval"], **trust},
+        # The gate step reads the gates; evaluate does not, so a gate edit does not rerun evaluation.
+        "evaluate": {"eval": {k: v for k, v in dump["eval"].items() if k != "gate"}, **trust},
+        "gate": {"gate": dump["eval"]["gate"]},
+        "report": dump,
     }
     return slices[stage]
 
