@@ -195,3 +195,16 @@ def test_bad_data_file_is_refused_naming_file_and_line_with_no_output(tiny_model
     message = str(info.value)
     assert str(source) in message and where in message and what in message, message
     assert not out.exists() and not list(out.parent.glob(".r.*")), "no partial output"
+
+
+@pytest.mark.slow
+def test_lora_target_matching_no_module_stops_at_the_plan_naming_the_field(tiny_model):
+    """The one recipe check that needs the model's module names: the plan makes it, before training."""
+    from xtrain.plan import count_parameters
+    from xtrain.recipe import Lora, Train
+
+    with pytest.raises(XtrainError) as info:
+        count_parameters(tiny_model, Train(method="lora", lora=Lora(target_modules=["q_proj", "qkv"])))
+    message = str(info.value)
+    assert "train.lora.target_modules: ['qkv'] match no module of the model" in message
+    assert "q_proj" in message, "it lists the module names the model has"

@@ -12,20 +12,24 @@ from typing import Any
 from .errors import XtrainError
 from .recipe import RecipeError
 
-# Python raises OSError(ENOSPC); safetensors and torch.save re-raise a full disk as their own errors, whose
-# text is all that tells it.
-DISK_FULL_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "file write failed")
+# Python raises OSError(ENOSPC); safetensors re-raises a full disk as its own error, with the OS text.
+DISK_FULL_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded")
+# torch.save's zip writer reports a short write without the OS error ("unexpected pos ...", "file write
+# failed"); its failures are failed writes, a full disk being by far the likeliest.
+FAILED_WRITE_TEXT = ("inline_container.cc",)
 
 
-def disk_full(exc: BaseException | None) -> bool:
-    """Whether an error, or one it was raised from, is a full disk or an exhausted quota."""
+def write_failure(exc: BaseException | None) -> str | None:
+    """How a failed write shows in an error, or one it was raised from; None if it is not one."""
     while exc is not None:
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
+            return "no space left on the device"
         if any(text in str(exc) for text in DISK_FULL_TEXT):
-            return True
+            return "no space left on the device"
+        if any(text in str(exc) for text in FAILED_WRITE_TEXT):
+            return "a write failed, most likely no space left on the device"
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
 
 
 def recipe_file(smk) -> str:
@@ -49,12 +53,14 @@ def run_stage(log_path: str, body: Callable[[], Any], recipe: str | None = None)
     except (XtrainError, RecipeError) as exc:
         fail(str(exc), recipe)
     except Exception as exc:
-        if not disk_full(exc):
-            raise
+        failure = write_failure(exc)
+        if failure is None:
+            # A bug rather than bad input: the traceback goes to the rule's log too, not only to the console.
+            logging.getLogger("xtrain").exception("%s", recipe or "stage failed")
+            sys.exit(1)
         fail(
-            f"no space left on the device ({type(exc).__name__}: {exc}); no half-written output was kept. Free space "
-            "and rerun: outputs already complete are kept, and training resumes from its last complete trainer "
-            "checkpoint",
+            f"{failure} ({type(exc).__name__}: {exc}); no half-written output was kept. Free space and rerun: "
+            "outputs already complete are kept, and training resumes from its last complete trainer checkpoint",
             recipe,
         )
 
