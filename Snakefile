@@ -1,4 +1,4 @@
-# xtrain: each recipe in recipes/ becomes prepared data -> plan.json -> checkpoint -> evaluation report.
+# xtrain: each recipe in recipes/ becomes prepared data -> plan.json -> checkpoint -> evaluation report -> gate.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -16,7 +16,8 @@ include: "rules/train.smk"
 include: "rules/evaluate.smk"
 
 
+# The gate of each recipe comes after its eval.json and report.html; `snakemake compare` ranks the recipes.
 rule all:
     input:
-        expand("reports/{recipe}/eval.json", recipe=sorted(RECIPES)),
+        expand("reports/{recipe}/gate.json", recipe=sorted(RECIPES)),
     default_target: True

@@ -6,7 +6,9 @@
    other copy shuffles the words of each field (same vocabulary and lengths, but distinct rows, so dedupe
    keeps them and every row is tokenized). They are prepared twice, each in its own process whose peak
    memory is sampled: by `prepare` (batched fast tokenization), and by a per-row loop calling
-   `apply_chat_template` one example at a time.
+   `apply_chat_template` one example at a time. With the demo's tokenizer (byte-level BPE, 1k vocab), and
+   with SmolLM2's (49k vocab) when its folder exists (`.venv/bin/snakemake --cores 1 models/SmolLM2-135M-Instruct`),
+   both rendering the ChatML template the demo uses.
 2. alpaca_en_demo.json is prepared at seq_len 1024 with and without packing: packing efficiency beside
    the padding a batch would carry without packing.
 """
@@ -27,6 +29,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 ALPACA = ROOT / "data/real/alpaca_en_demo.json"
+SMOLLM2 = ROOT / "models/SmolLM2-135M-Instruct"
 ROWS = 50_000
 SEQ_LEN = 1024
 
@@ -47,19 +50,23 @@ def run_prepare(rows: Path, model: Path, out: Path) -> None:
     from xtrain.data import prepare
     from xtrain.recipe import Data, DataSource
 
-    prepare([rows], model, Data(sources=[DataSource(path=str(rows))], seq_len=SEQ_LEN, packing=True), out)
+    data = Data(sources=[DataSource(path=str(rows))], seq_len=SEQ_LEN, packing=True, chat_template="chatml")
+    prepare([rows], model, data, out)
 
 
 def run_loop(rows: Path, model: Path, out: Path) -> None:
     """The baseline: read, build each chat, tokenize it alone with its assistant mask."""
     from transformers import AutoTokenizer
 
+    from xtrain.tiny_model import CHATML_TEMPLATE
+
     tokenizer = AutoTokenizer.from_pretrained(model)
     encoded = []
     for row in json.loads(rows.read_text()):
         prompt = f"{row['instruction']}\n{row['input']}" if row["input"] else row["instruction"]
         chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
-        out_row = tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        out_row = tokenizer.apply_chat_template(chat, chat_template=CHATML_TEMPLATE, tokenize=True, return_dict=True,
+                                                return_assistant_tokens_mask=True)
         encoded.append((out_row["input_ids"], out_row["assistant_masks"]))
     print(f"loop tokenized {len(encoded)} rows", file=sys.stderr)
 
@@ -139,19 +146,25 @@ def main() -> None:
         build_tiny_model(ROOT / "data/tiny-llama/corpus.txt", model)
         rows = work / "alpaca_50k.json"
         make_rows(rows)
-        prepare_s, prepare_peak = measure("prepare", rows, model, work / "prepared")
-        loop_s, loop_peak = measure("loop", rows, model, work / "loop")
-        manifest = json.loads((work / "prepared/manifest.json").read_text())
-        report = {
-            "rows": ROWS,
-            "prepare_seconds": round(prepare_s, 1),
-            "prepare_peak_pss_gib": round(prepare_peak / 2**30, 2),
-            "loop_seconds": round(loop_s, 1),
-            "loop_peak_pss_gib": round(loop_peak / 2**30, 2),
-            "speedup": round(loop_s / prepare_s, 2),
-            "kept": next(iter(manifest["sources"].values()))["kept"],
-            "alpaca_en_demo_seq_len_1024": padding_report(model, work),
-        }
+        tokenizers = {"demo (byte-level BPE, 1k vocab)": model}
+        if (SMOLLM2 / "tokenizer.json").is_file():
+            tokenizers["SmolLM2 (49k vocab)"] = SMOLLM2
+        report = {"rows": ROWS}
+        for name, tokenizer_model in tokenizers.items():
+            out = work / f"prepared-{len(report)}"
+            prepare_s, prepare_peak = measure("prepare", rows, tokenizer_model, out)
+            loop_s, loop_peak = measure("loop", rows, tokenizer_model, work / "loop")
+            manifest = json.loads((out / "manifest.json").read_text())
+            report[name] = {
+                "prepare_seconds": round(prepare_s, 1),
+                "prepare_peak_pss_gib": round(prepare_peak / 2**30, 2),
+                "loop_seconds": round(loop_s, 1),
+                "loop_peak_pss_gib": round(loop_peak / 2**30, 2),
+                "speedup": round(loop_s / prepare_s, 2),
+                "kept": next(iter(manifest["sources"].values()))["kept"],
+                "train_tokens": manifest["splits"]["train"]["tokens"],
+            }
+        report["alpaca_en_demo_seq_len_1024"] = padding_report(model, work)
     print(json.dumps(report, indent=2))
 
 

@@ -8,9 +8,8 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from xtrain.backends import get_backend  # noqa: E402
-from xtrain.errors import XtrainError  # noqa: E402
-from xtrain.recipe import RecipeError, load_recipe, stage_params  # noqa: E402
+from xtrain.preflight import preflight  # noqa: E402
+from xtrain.recipe import RecipeError, stage_params  # noqa: E402
 
 
 validate(config, "../config/config.schema.yaml")
@@ -27,26 +26,24 @@ localrules:
     all,
     build_tiny_model,
     plan,
+    report,
+    gate,
+    compare,
+
+
+def models_built_by_rules():
+    """Model folders a rule of this workflow builds, so a recipe may name them before they exist."""
+    return [config["tiny_model"]["path"], config["gguf_model"]["path"]]
 
 
 def load_recipes(folder):
-    """Validate every recipe before any job runs; the first bad one stops the workflow."""
+    """Check every recipe before any job runs (xtrain.preflight); the first bad one stops the workflow."""
     recipes = {}
     for path in sorted(Path(folder).glob("*.yaml")):
         try:
-            recipe = load_recipe(path)
-            get_backend(recipe.train.backend).check(recipe.train, recipe.hardware)
-        except RecipeError as exc:  # already names the file
+            recipes[path.stem] = preflight(path, Path.cwd(), config["allowed_paths"], built=models_built_by_rules())
+        except RecipeError as exc:  # names the file, the field and the fix
             raise WorkflowError(str(exc))
-        except XtrainError as exc:  # a backend refusing a field names the field, not the file
-            raise WorkflowError(f"{path}: {exc}")
-        model = recipe.model.path
-        if model != config["tiny_model"]["path"] and not Path(model, "config.json").is_file():
-            raise WorkflowError(
-                f"{path}: model.path {model!r} is not a model folder (no config.json there); "
-                "point it at a local Hugging Face model folder"
-            )
-        recipes[path.stem] = recipe
     return recipes
 
 
@@ -68,6 +65,14 @@ def model_dir(wildcards):
 
 def data_sources(wildcards):
     return [source.path for source in recipe(wildcards).data.sources if source.path is not None]
+
+
+def lm_eval_tasks(wildcards):
+    """The files of the recipe's local lm-eval task folder (keep each task's data file there too)."""
+    harness = recipe(wildcards).eval.lm_eval
+    if harness is None or harness.include_path is None:
+        return []
+    return sorted(str(path) for path in Path(harness.include_path).rglob("*") if path.is_file())
 
 
 def recipe_slice(stage):

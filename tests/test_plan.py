@@ -275,3 +275,15 @@ def test_more_steps_predict_more_time(model_dir):
     long = make_plan(model_dir, manifest(rows=100), Train(max_steps=100), Hardware())
     assert long["time"]["seconds"] > short["time"]["seconds"]
     assert long["resources"]["runtime"] >= short["resources"]["runtime"]
+
+
+def test_cpu_processes_share_the_node_memory_and_cores(model_dir):
+    one = make_plan(model_dir, manifest(), Train(global_batch_size=8), Hardware(host_memory_gb=16, cpus=2))
+    two = make_plan(model_dir, manifest(), Train(global_batch_size=8), Hardware(host_memory_gb=16, cpus=2, processes=2))
+    assert (two["layout"]["strategy"], two["layout"]["devices"]) == ("ddp", 2)
+    assert two["layout"]["micro_batch_size"] * two["layout"]["gradient_accumulation_steps"] == 4
+    gib = 2**30
+    assert one["memory"]["budget_bytes_per_device"] == int(16 * gib * 0.9) - int(1.5 * gib)
+    assert two["memory"]["budget_bytes_per_device"] == int(16 * gib * 0.9) // 2 - int(1.5 * gib)
+    assert "(1 threads" in two["time"]["throughput_source"] and "(2 threads" in one["time"]["throughput_source"]
+    assert two["resources"]["mem_mb"] > one["resources"]["mem_mb"], "two processes, each with its own overhead"

@@ -264,9 +264,12 @@ def test_plan_params_do_not_change_with_the_learning_rate(tmp_path):
     assert stage_params(a, "train") != stage_params(b, "train")
 
 
-def test_evaluate_params_hold_only_the_eval_section():
+def test_evaluate_params_hold_only_the_eval_section_less_its_gates():
     recipe = load_recipe(ROOT / "recipes/demo.yaml")
-    assert stage_params(recipe, "evaluate") == {"eval": {"batch_size": 16}}
+    assert stage_params(recipe, "evaluate") == {
+        "eval": {"batch_size": 16, "generations": 8, "max_new_tokens": 48, "lm_eval": None}
+    }
+    assert stage_params(recipe, "gate") == {"gate": {"loss_improvement": {"min": 0.0, "max": None}}}
 
 
 def test_prepare_params_hold_only_the_data_section():

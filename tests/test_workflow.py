@@ -22,7 +22,9 @@ data:
   eval_fraction: 0.2
 train: {max_steps: 4, global_batch_size: 4, learning_rate: 5.0e-3}
 """
-STAGES = ("prepare", "plan", "train", "evaluate")
+# What any change to a checkpoint or to eval: reruns: evaluation, the report and the gate after it.
+REPORTING = ("evaluate", "report", "gate")
+STAGES = ("prepare", "plan", "train", *REPORTING)
 
 
 @pytest.fixture(scope="module")
@@ -77,19 +79,24 @@ def test_nothing_to_do_after_complete_build(project):
     assert dry_run(project, "reports/demo/eval.json", "checkpoints/second") == set()
 
 
-def test_eval_edit_reruns_only_evaluate(project):
+def test_eval_edit_reruns_only_evaluate_and_reporting(project):
     with edited(project / "recipes/demo.yaml", lambda t: t.replace("batch_size: 16", "batch_size: 4")):
-        assert dry_run(project) == jobs("demo", "evaluate")
+        assert dry_run(project) == jobs("demo", *REPORTING)
 
 
-def test_learning_rate_edit_reruns_train_and_evaluate(project):
+def test_gate_edit_reruns_only_report_and_gate(project):
+    with edited(project / "recipes/demo.yaml", lambda t: t.replace("{min: 0}", "{min: -1}")):
+        assert dry_run(project) == jobs("demo", "report", "gate")
+
+
+def test_learning_rate_edit_reruns_train_and_reporting(project):
     with edited(project / "recipes/demo.yaml", lambda t: t.replace("learning_rate: 5.0e-3", "learning_rate: 4.0e-3")):
-        assert dry_run(project) == jobs("demo", "train", "evaluate")
+        assert dry_run(project) == jobs("demo", "train", *REPORTING)
 
 
 def test_shape_edit_reruns_the_plan_too(project):
     with edited(project / "recipes/demo.yaml", lambda t: t.replace("epochs: 3", "epochs: 2")):
-        assert dry_run(project) == jobs("demo", "plan", "train", "evaluate")
+        assert dry_run(project) == jobs("demo", "plan", "train", *REPORTING)
 
 
 def test_data_change_reruns_every_stage_of_that_recipe_only(project):
@@ -131,7 +138,7 @@ def test_lint_is_clean(project):
     assert "Congratulations" in result.stdout + result.stderr, result.stdout + result.stderr
 
 
-def test_real_rerun_after_learning_rate_edit_touches_only_train_and_evaluate(project):
+def test_real_rerun_after_learning_rate_edit_touches_only_train_and_reporting(project):
     """Runs last in this module: it really retrains demo, then leaves a consistent build behind."""
     untouched = [project / "prepared/demo/manifest.json", project / "plans/demo/plan.json",
                  project / "reports/second/eval.json"]
@@ -140,7 +147,7 @@ def test_real_rerun_after_learning_rate_edit_touches_only_train_and_evaluate(pro
     recipe = project / "recipes/demo.yaml"
     recipe.write_text(recipe.read_text().replace("learning_rate: 5.0e-3", "learning_rate: 2.0e-3"))
     result = snakemake(project, "--cores", "2")
-    assert scheduled_jobs(result.stdout + result.stderr) == jobs("demo", "train", "evaluate")
+    assert scheduled_jobs(result.stdout + result.stderr) == jobs("demo", "train", *REPORTING)
     assert {path: path.stat().st_mtime_ns for path in untouched} == before
     new_metrics = json.loads((project / "reports/demo/eval.json").read_text())
     assert new_metrics["base_loss"] == pytest.approx(old_metrics["base_loss"], rel=1e-6)

@@ -1,8 +1,11 @@
-"""The evaluate stage: held-out loss and perplexity of the base model and of the tuned one.
+"""The evaluate stage: base model vs tuned one on the held-out split -> eval.json and generations.json.
 
 Both are scored on the prepared eval split with the same template and masking as training:
 the loss is the mean negative log-likelihood over supervised (assistant) tokens, and perplexity
-is its exponential.
+is its exponential. Both also answer a fixed set of eval prompts greedily (`generations`), scored
+against the reference answers. eval.json holds flat metric names -> numbers (`recipe.EVAL_METRICS`),
+for `dvc metrics`; the answers themselves go to generations.json. lm-evaluation-harness tasks listed in
+the recipe add their results (`harness`).
 """
 
 from __future__ import annotations
@@ -11,15 +14,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+from . import generations
 from .artifacts import write_json
 from .recipe import Eval
 
 
-def load_eval_split(prepared_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
+def load_eval_split(prepared_dir: Path) -> tuple[list[list[int]], list[list[int]], list[str]]:
     from datasets import Dataset
 
     split = Dataset.from_parquet(str(prepared_dir / "eval.parquet"))
-    return split["input_ids"], split["assistant_masks"]
+    return split["input_ids"], split["assistant_masks"], split["row_hash"]
 
 
 def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tuple[float, int]:
@@ -29,10 +33,12 @@ def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tup
 
     model.eval()
     total, count = 0.0, 0
+    # Rows of similar length share a batch, so little of it is padding (the sum does not depend on order).
+    order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
     with torch.no_grad():
-        for start in range(0, len(input_ids), batch_size):
-            rows = input_ids[start : start + batch_size]
-            row_masks = masks[start : start + batch_size]
+        for start in range(0, len(order), batch_size):
+            rows = [input_ids[i] for i in order[start : start + batch_size]]
+            row_masks = [masks[i] for i in order[start : start + batch_size]]
             width = max(len(r) for r in rows)
             ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
             attention = torch.zeros((len(rows), width), dtype=torch.long)
@@ -52,7 +58,7 @@ def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tup
     return total, count
 
 
-def load_tuned(model_dir: Path, checkpoint_dir: Path):
+def load_tuned(model_dir: Path, checkpoint_dir: Path, trust_remote_code: bool = False):
     """The tuned model: base + PEFT adapter, or the full model the checkpoint holds."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -60,28 +66,61 @@ def load_tuned(model_dir: Path, checkpoint_dir: Path):
     if (checkpoint_dir / "adapter_config.json").is_file():
         from peft import PeftModel
 
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=trust_remote_code)
         return PeftModel.from_pretrained(base, checkpoint_dir)
-    return AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(
+        checkpoint_dir, dtype=torch.float32, trust_remote_code=trust_remote_code
+    )
 
 
-def evaluate(model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, settings: Eval, out: Path) -> dict[str, Any]:
+def evaluate(
+    model_dir: Path,
+    checkpoint_dir: Path,
+    prepared_dir: Path,
+    settings: Eval,
+    out: Path,
+    generations_out: Path | None = None,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """Write eval.json to `out` and the generations beside it (or to `generations_out`); returns the metrics."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
-    input_ids, masks = load_eval_split(prepared_dir)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir, trust_remote_code=trust_remote_code)
+    input_ids, masks, row_hashes = load_eval_split(prepared_dir)
+    prompts = []
+    if settings.generations:
+        special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+        prompts = generations.pick_prompts(input_ids, masks, row_hashes, settings.generations, special)
+    stop = generations.stop_ids(tokenizer, prompts)
     metrics: dict[str, Any] = {"eval_rows": len(input_ids)}
     candidates = {
-        "base": lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-        "tuned": lambda: load_tuned(model_dir, checkpoint_dir),
+        "base": lambda: AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, trust_remote_code=trust_remote_code
+        ),
+        "tuned": lambda: load_tuned(model_dir, checkpoint_dir, trust_remote_code),
     }
+    answers = {}
     for name, load in candidates.items():
-        total, count = supervised_nll(load(), input_ids, masks, settings.batch_size, tokenizer.pad_token_id)
+        model = load()
+        total, count = supervised_nll(model, input_ids, masks, settings.batch_size, tokenizer.pad_token_id)
         loss = total / count
         metrics[f"{name}_loss"] = loss
         metrics[f"{name}_perplexity"] = math.exp(loss)
+        if prompts:
+            answers[name] = generations.generate(model, prompts, stop, tokenizer.pad_token_id, settings.batch_size,
+                                                 settings.max_new_tokens)
     metrics["eval_supervised_tokens"] = count  # the same split and masks for both models
     metrics["loss_improvement"] = metrics["base_loss"] - metrics["tuned_loss"]
+    if settings.lm_eval is not None:
+        from .harness import run_tasks
+
+        metrics.update(run_tasks(settings.lm_eval, model_dir, checkpoint_dir, settings.batch_size))
+    records = []
+    if prompts:
+        scores, records = generations.score(tokenizer, prompts, answers)
+        metrics.update(scores)
+        generations.warn_if_not_stopping(metrics)
+    write_json(generations_out or out.with_name("generations.json"), records)
     write_json(out, metrics)
     return metrics

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .gpus import DEFAULT_GPU, GPUS
 
@@ -31,13 +31,24 @@ class RecipeError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A NaN or infinite number (YAML's .nan, .inf) is never a meaningful setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Model(Section):
     """The base model to fine-tune: a local Hugging Face folder (config, tokenizer, weights)."""
 
-    path: str = Field(description="Folder with config.json, tokenizer and weights, relative to the project.")
+    path: str = Field(
+        description="Folder with config.json, tokenizer and weights, relative to the project (folders outside it "
+        "only when config/config.yaml lists them in `allowed_paths`)."
+    )
+    # Strict: only a YAML true turns it on, not "yes", "on" or 1.
+    trust_remote_code: bool = Field(
+        False,
+        strict=True,
+        description="Run the Python code a model folder ships (custom architectures). Off unless set; when set, "
+        "a warning is logged and the checkpoint manifest records it.",
+    )
 
 
 # Row formats a source may hold, and the columns (and turn keys) each reads, under their canonical names.
@@ -206,6 +217,10 @@ class Hardware(Section):
     accelerator: Literal["cpu", "cuda", "rocm"] = Field("cpu", description="Device kind to train on.")
     gpus: int = Field(0, ge=0, description="GPUs per node (0 for CPU).")
     nodes: PositiveInt = Field(1, description="Number of nodes.")
+    processes: PositiveInt = Field(
+        1, description="CPU only: data-parallel training processes per node (trl_local, over gloo); they share "
+        "the node's cores and memory.",
+    )
     gpu_model: Literal[tuple(GPUS)] | None = Field(
         None,
         description="GPU model, for its memory and peak throughput in the plan; default "
@@ -225,6 +240,9 @@ class Hardware(Section):
     def _gpus_match_accelerator(self) -> Hardware:
         if self.accelerator == "cpu" and self.gpus:
             raise ValueError(f"gpus is {self.gpus} but accelerator is `cpu`: set accelerator: cuda or rocm, or gpus: 0")
+        if self.accelerator != "cpu" and self.processes != 1:
+            raise ValueError(f"processes is {self.processes} but accelerator is `{self.accelerator}`: GPU runs start "
+                             "one process per GPU; set gpus instead and leave processes at 1")
         if self.accelerator != "cpu" and not self.gpus:
             raise ValueError(f"accelerator is `{self.accelerator}` but gpus is 0: set gpus to at least 1")
         if self.gpu_model and GPUS[self.gpu_model].vendor != self.accelerator:
@@ -236,8 +254,13 @@ class Hardware(Section):
 
     @property
     def devices(self) -> int:
-        """Data-parallel workers: GPUs over all nodes, or one CPU process."""
-        return max(self.gpus, 1) * self.nodes
+        """Data-parallel workers: GPUs, or CPU processes, over all nodes."""
+        return self.processes_per_node * self.nodes
+
+    @property
+    def processes_per_node(self) -> int:
+        """Training processes on each node: one per GPU, or the CPU `processes`."""
+        return self.gpus or self.processes
 
     @property
     def gpu(self) -> str | None:
@@ -245,10 +268,88 @@ class Hardware(Section):
         return self.gpu_model or DEFAULT_GPU.get(self.accelerator)
 
 
-class Eval(Section):
-    """How the evaluate stage measures base vs tuned."""
+# Every number the evaluate stage writes to eval.json (what `eval.gate` may name), and what it means.
+LOSS_METRICS = {
+    "eval_rows": "rows of the eval split",
+    "eval_supervised_tokens": "tokens the loss is computed on (assistant tokens)",
+    "base_loss": "mean NLL of the base model over supervised tokens",
+    "tuned_loss": "mean NLL of the tuned model over supervised tokens",
+    "base_perplexity": "exp(base_loss)",
+    "tuned_perplexity": "exp(tuned_loss)",
+    "loss_improvement": "base_loss - tuned_loss (positive: tuning helped)",
+}
+GENERATION_METRICS = {
+    "generations": "eval prompts answered greedily by each model",
+    "base_exact_match": "share of base answers equal to the reference (case and spacing ignored)",
+    "tuned_exact_match": "share of tuned answers equal to the reference (case and spacing ignored)",
+    "base_token_f1": "mean word-level F1 of base answers against the reference",
+    "tuned_token_f1": "mean word-level F1 of tuned answers against the reference",
+    "base_stop_rate": "share of base answers that end with the end-of-turn token within max_new_tokens",
+    "tuned_stop_rate": "share of tuned answers that end with the end-of-turn token within max_new_tokens",
+}
+EVAL_METRICS = {**LOSS_METRICS, **GENERATION_METRICS}
 
-    batch_size: PositiveInt = Field(8, description="Sequences per evaluation forward pass.")
+
+class Gate(Section):
+    """Bounds one eval.json metric must stay within, or the gate step fails."""
+
+    min: float | None = Field(None, description="Fail when the metric is below this.")
+    max: float | None = Field(None, description="Fail when the metric is above this.")
+
+    @model_validator(mode="after")
+    def _a_bound(self) -> Gate:
+        if self.min is None and self.max is None:
+            raise ValueError("a gate needs `min`, `max` or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}: no value can pass")
+        return self
+
+
+LM_EVAL_METRIC = re.compile(r"^(base|tuned)_lm_(.+)$")
+
+
+class LmEval(Section):
+    """lm-evaluation-harness tasks run on base and tuned; each result lands in eval.json as
+    `<base|tuned>_lm_<task>_<metric>`."""
+
+    tasks: list[str] = Field(min_length=1, description="Task names: the harness's own, or defined in `include_path`.")
+    include_path: str | None = Field(
+        None, description="Folder of local task YAML files (with local data files: works offline), relative to the project."
+    )
+    limit: PositiveInt | None = Field(None, description="Score only the first this many examples of each task.")
+    num_fewshot: int | None = Field(None, ge=0, description="Few-shot examples; null: each task's default.")
+
+
+class Eval(Section):
+    """How the evaluate stage measures base vs tuned, and the gates a tuned model must pass."""
+
+    batch_size: PositiveInt = Field(8, description="Sequences per evaluation forward pass (and generation batch).")
+    generations: int = Field(
+        8, ge=0, description="Eval prompts (the first by content hash) answered greedily by base and tuned; 0: none."
+    )
+    max_new_tokens: PositiveInt = Field(64, description="Length limit of each generated answer, in tokens.")
+    lm_eval: LmEval | None = Field(None, description="Optional lm-evaluation-harness tasks, base and tuned.")
+    gate: dict[str, Gate] = Field(
+        default_factory=dict,
+        description="eval.json metric -> {min, max}, e.g. {loss_improvement: {min: 0}}; the gate step fails "
+        "when a metric is out of bounds (the report is still written).",
+    )
+
+    @field_validator("gate")
+    @classmethod
+    def _gates_on_known_metrics(cls, gate: dict[str, Gate], info: ValidationInfo) -> dict[str, Gate]:
+        known = EVAL_METRICS if info.data.get("generations") else LOSS_METRICS
+        harness = info.data.get("lm_eval")
+        tasks = harness.tasks if harness else []
+        # Harness metric names depend on the task; a gate must at least name a task the recipe runs.
+        unknown = sorted(metric for metric in set(gate) - set(known)
+                         if not ((match := LM_EVAL_METRIC.match(metric)) and
+                                 any(match[2].startswith(f"{task}_") for task in tasks)))
+        if unknown:
+            hint = " (generation metrics need eval.generations > 0)" if set(unknown) <= set(EVAL_METRICS) else ""
+            raise ValueError(f"gate on unknown metric {unknown}{hint}; known metrics: {', '.join(known)}"
+                             + "".join(f", base_lm_{task}_<metric>, tuned_lm_{task}_<metric>" for task in tasks))
+        return gate
 
 
 class Recipe(Section):
@@ -280,16 +381,27 @@ def content_hash(value: Any) -> str:
 def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
     """The slice of the recipe one stage reads, as plain JSON data (Snakemake params)."""
     dump = recipe.model_dump(mode="json")
+    # Only a recipe that trusts remote code passes it on, so the slices (and builds) of others do not change.
+    trust = {"model": {"trust_remote_code": True}} if recipe.model.trust_remote_code else {}
     slices = {
-        "prepare": {"data": dump["data"]},
+        "prepare": {"data": dump["data"], **trust},
         "plan": {
             "train": {k: dump["train"][k] for k in Train.SHAPE_FIELDS},
             "hardware": dump["hardware"],
+            **trust,
         },
-        "train": {"train": dump["train"], "hardware": dump["hardware"]},
-        "evaluate": {"eval": dump["eval"]},
+        "train": {"train": dump["train"], "hardware": dump["hardware"], **trust},
+        # The gate step reads the gates; evaluate does not, so a gate edit does not rerun evaluation.
+        "evaluate": {"eval": {k: v for k, v in dump["eval"].items() if k != "gate"}, **trust},
+        "gate": {"gate": dump["eval"]["gate"]},
+        "report": dump,
     }
     return slices[stage]
+
+
+def trusts_remote_code(params: dict[str, Any]) -> bool:
+    """Whether a stage's params (from `stage_params`) allow running a model folder's own code."""
+    return bool(params.get("model", {}).get("trust_remote_code", False))
 
 
 def _field_path(loc: tuple) -> str:
@@ -329,6 +441,22 @@ def recipe_name(path: Path) -> str:
     return name
 
 
+class RecipeLoader(yaml.SafeLoader):
+    """The safe loader (no Python tags, so a recipe cannot build objects or run code), refusing a key given
+    twice in one mapping: plain YAML keeps the last silently, and the first setting would be ignored."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping; keep one", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_recipe(path: str | Path) -> Recipe:
     """Read and validate one recipe file (safe YAML loader only)."""
     path = Path(path)
@@ -340,7 +468,7 @@ def load_recipe(path: str | Path) -> Recipe:
     except UnicodeDecodeError as exc:
         raise RecipeError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=RecipeLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -2,17 +2,44 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .errors import XtrainError
 from .recipe import RecipeError
 
+# Python raises OSError(ENOSPC); safetensors re-raises a full disk as its own error, with the OS text.
+DISK_FULL_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded")
+# torch.save's zip writer reports a short write without the OS error ("unexpected pos ...", "file write
+# failed"); its failures are failed writes, a full disk being by far the likeliest.
+FAILED_WRITE_TEXT = ("inline_container.cc",)
 
-def run_stage(log_path: str, body: Callable[[], Any]) -> None:
-    """Run a stage's body with logging to `log_path` and stderr; a user error exits 1 without a traceback."""
+
+def write_failure(exc: BaseException | None) -> str | None:
+    """How a failed write shows in an error, or one it was raised from; None if it is not one."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "no space left on the device"
+        if any(text in str(exc) for text in DISK_FULL_TEXT):
+            return "no space left on the device"
+        if any(text in str(exc) for text in FAILED_WRITE_TEXT):
+            return "a write failed, most likely no space left on the device"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def recipe_file(smk) -> str:
+    """The recipe file of a Snakemake job, for error messages."""
+    return str(Path(smk.config["recipes"]) / f"{smk.wildcards.recipe}.yaml")
+
+
+def run_stage(log_path: str, body: Callable[[], Any], recipe: str | None = None) -> None:
+    """Run a stage's body with logging to `log_path` and stderr; a user error, or a full disk, exits 1
+    without a traceback. `recipe` (the recipe file) prefixes the message when it does not name it yet."""
     # Libraries log at WARNING and above (their INFO is noise in a rule's log); xtrain at INFO.
     logging.getLogger("xtrain").setLevel(logging.INFO)
     logging.basicConfig(
@@ -24,5 +51,22 @@ def run_stage(log_path: str, body: Callable[[], Any]) -> None:
     try:
         body()
     except (XtrainError, RecipeError) as exc:
-        logging.getLogger("xtrain").error("%s", exc)
-        sys.exit(1)
+        fail(str(exc), recipe)
+    except Exception as exc:
+        failure = write_failure(exc)
+        if failure is None:
+            # A bug rather than bad input: the traceback goes to the rule's log too, not only to the console.
+            logging.getLogger("xtrain").exception("%s", recipe or "stage failed")
+            sys.exit(1)
+        fail(
+            f"{failure} ({type(exc).__name__}: {exc}); no half-written output was kept. Free space and rerun: "
+            "outputs already complete are kept, and training resumes from its last complete trainer checkpoint",
+            recipe,
+        )
+
+
+def fail(message: str, recipe: str | None) -> None:
+    if recipe and not message.startswith(recipe):
+        message = f"{recipe}: {message}"
+    logging.getLogger("xtrain").error("%s", message)
+    sys.exit(1)

@@ -17,6 +17,7 @@ from typing import Any
 
 from .artifacts import atomic_dir, read_json, write_json
 from .backends import TrainJob, TrainResult, get_backend
+from .backends.guards import last_complete_checkpoint
 from .data.pipeline import CHAT_TEMPLATE_FILE
 from .recipe import Hardware, Train, content_hash
 
@@ -45,12 +46,6 @@ def git_commit(directory: Path) -> str | None:
     return result.stdout.strip() or None
 
 
-def last_checkpoint(run_dir: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    return get_last_checkpoint(str(run_dir)) if run_dir.is_dir() else None
-
-
 def train_metrics(result: TrainResult) -> dict[str, Any]:
     losses = [
         {"step": entry["step"], "loss": entry["loss"], "learning_rate": entry.get("learning_rate")}
@@ -66,8 +61,10 @@ def train_metrics(result: TrainResult) -> dict[str, Any]:
         "tokens_per_second": round(result.tokens_seen / result.train_seconds, 1) if result.train_seconds else None,
         "wall_seconds": round(result.train_seconds, 2),
         "trainer_runtime_seconds": summary.get("train_runtime"),
-        # ru_maxrss is KiB on Linux: the peak resident memory of this training process.
-        "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        # ru_maxrss is KiB on Linux: the peak resident memory of this process, or of the largest process it
+        # waited for (a lane that trains in its own environment's interpreter).
+        "peak_host_memory_bytes": max(resource.getrusage(who).ru_maxrss
+                                      for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) * 1024,
     }
 
 
@@ -80,20 +77,23 @@ def run_training(
     hardware: Hardware,
     out: Path,
     work_dir: Path,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     backend = get_backend(train.backend)
     backend.check(train, hardware)
+    if trust_remote_code:
+        log.warning("model.trust_remote_code is set: the Python code in %s runs in this process", model_dir)
     plan = read_json(plan_path)
     data_fingerprint = read_json(prepared_dir / "manifest.json")["fingerprint"]
     recipe_hash = content_hash({"train": train.model_dump(mode="json"), "hardware": hardware.model_dump(mode="json")})
     plan_hash = hashlib.sha256(plan_path.read_bytes()).hexdigest()
     # Trainer checkpoints of an interrupted run are resumed only by the very same run.
     run_dir = work_dir / content_hash([recipe_hash, plan_hash, data_fingerprint, str(model_dir)])[:16]
-    resume_from = last_checkpoint(run_dir)
+    resume_from = last_complete_checkpoint(run_dir)
     if resume_from:
         log.info("resuming an interrupted run from %s", resume_from)
     with atomic_dir(out) as staging:
-        job = TrainJob(model_dir, prepared_dir, plan, train, hardware, staging, run_dir, resume_from)
+        job = TrainJob(model_dir, prepared_dir, plan, train, hardware, staging, run_dir, resume_from, trust_remote_code)
         result = backend.run(job)
         # Whatever the backend saved, the checkpoint's template is the one the data was rendered with.
         template = prepared_dir / CHAT_TEMPLATE_FILE
@@ -107,6 +107,7 @@ def run_training(
                 "backend": train.backend,
                 "method": train.method,
                 "base_model": str(model_dir),
+                "trust_remote_code": trust_remote_code,
                 # Only the sections that shape training reach this stage; the hash covers them.
                 "recipe_hash": recipe_hash,
                 "recipe_hash_sections": ["train", "hardware"],

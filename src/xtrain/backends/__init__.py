@@ -25,6 +25,24 @@ class TrainJob:
     out: Path  # staging folder that becomes checkpoints/<recipe>/
     work_dir: Path  # trainer checkpoints, outside the declared output so a rerun resumes
     resume_from: str | None  # the last trainer checkpoint of an interrupted identical run
+    trust_remote_code: bool = False  # model.trust_remote_code: run the model folder's own code
+
+    def to_json(self) -> dict[str, Any]:
+        """The job as plain JSON, for a lane's worker processes (another interpreter, or torchrun ranks)."""
+        return {
+            "model_dir": str(self.model_dir), "prepared_dir": str(self.prepared_dir), "plan": self.plan,
+            "train": self.train.model_dump(mode="json"), "hardware": self.hardware.model_dump(mode="json"),
+            "out": str(self.out), "work_dir": str(self.work_dir), "resume_from": self.resume_from,
+            "trust_remote_code": self.trust_remote_code,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainJob:
+        return cls(
+            Path(data["model_dir"]), Path(data["prepared_dir"]), data["plan"], Train.model_validate(data["train"]),
+            Hardware.model_validate(data["hardware"]), Path(data["out"]), Path(data["work_dir"]),
+            data["resume_from"], data["trust_remote_code"],
+        )
 
 
 @dataclass(frozen=True)
@@ -44,10 +62,16 @@ class Backend(Protocol):
 
 def _registry() -> dict[str, Backend]:
     from .axolotl import Axolotl
+    from .primus import Primus
+    from .torchtune import Torchtune
     from .trl_cpu import TrlCpu
+    from .trl_local import TrlLocal
     from .unsloth import Unsloth
 
-    return {backend.name: backend for backend in (TrlCpu(), Axolotl(), Unsloth())}
+    return {
+        backend.name: backend
+        for backend in (TrlCpu(), TrlLocal(), Axolotl(), Unsloth(), Torchtune(), Primus())
+    }
 
 
 def get_backend(name: str) -> Backend:

@@ -79,6 +79,7 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
     train, plan, layout = job.train, job.plan, job.plan["layout"]
     config: dict[str, Any] = {
         "base_model": str(job.model_dir.resolve()),
+        "trust_remote_code": job.trust_remote_code,
         # No `type:` -> Axolotl reads the rows as already tokenized (input_ids, attention_mask, labels).
         "datasets": [{"path": str(dataset.resolve()), "ds_type": "parquet", "split": "train"}],
         "dataset_prepared_path": str((job.work_dir / "axolotl_prepared").resolve()),
@@ -137,8 +138,11 @@ class Axolotl:
                 "environment (envs/axolotl.yaml) is built and tested with the CPU torch only: set "
                 "hardware.accelerator: cpu, or use backend trl_local for GPUs"
             )
-        if hardware.nodes != 1:
-            raise XtrainError("train.backend axolotl runs one process here: set hardware.nodes: 1")
+        if hardware.nodes != 1 or hardware.processes != 1:
+            raise XtrainError(
+                "train.backend axolotl runs one process: set hardware.nodes: 1 and hardware.processes: 1, "
+                "or use backend trl_local"
+            )
 
     def run(self, job: TrainJob) -> TrainResult:
         import pyarrow.parquet as pq
@@ -169,7 +173,7 @@ class Axolotl:
                 shutil.copyfile(path, job.out / path.name)
         from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(job.model_dir).save_pretrained(job.out)
+        AutoTokenizer.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code).save_pretrained(job.out)
         log_history = state["log_history"]
         runtime = next((entry["train_runtime"] for entry in reversed(log_history) if "train_runtime" in entry), 0.0)
         # The summary entry transformers' Trainer ends its own log with (the last step, whether logged or not).

@@ -16,7 +16,8 @@ from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
 from . import TrainJob, TrainResult
-from .trl_cpu import sft_arguments
+from .guards import COMPLETE_MARKER
+from .trl import cpu_placement, sft_arguments
 
 RUNNER = Path(__file__).with_name("unsloth_runner.py")
 
@@ -31,8 +32,11 @@ class Unsloth:
                 "environment (envs/unsloth.yaml) is built and tested with the CPU torch only: set "
                 "hardware.accelerator: cpu, or use backend trl_local for GPUs"
             )
-        if hardware.nodes != 1:
-            raise XtrainError("train.backend unsloth runs one process: set hardware.nodes: 1")
+        if hardware.nodes != 1 or hardware.processes != 1:
+            raise XtrainError(
+                "train.backend unsloth runs one process: set hardware.nodes: 1 and hardware.processes: 1, "
+                "or use backend trl_local"
+            )
         if train.method == "lora" and train.lora.target_modules == ["all-linear"]:
             raise XtrainError(
                 "train.backend unsloth: train.lora.target_modules ['all-linear'] is not understood by Unsloth's "
@@ -44,10 +48,6 @@ class Unsloth:
         import pyarrow.parquet as pq
 
         train, plan = job.train, job.plan
-        if plan["precision"] not in ("fp32", "bf16"):
-            raise XtrainError(
-                f"plan precision {plan['precision']!r} is not supported by unsloth on the CPU; re-run the plan"
-            )
         train_parquet = job.prepared_dir / "train.parquet"
         columns = pq.read_schema(train_parquet).names
         # Prepare packs with TRL's packer: `seq_lengths` marks the sequences inside each row.
@@ -64,8 +64,10 @@ class Unsloth:
             "lora": train.lora.peft_kwargs() if train.method == "lora" else None,
             "gradient_checkpointing": plan["gradient_checkpointing"],
             "seed": train.seed,
-            "sft": sft_arguments(job, packed) | {"output_dir": str(job.work_dir.resolve())},
+            "trust_remote_code": job.trust_remote_code,
+            "sft": sft_arguments(job, cpu_placement(plan), packed) | {"output_dir": str(job.work_dir.resolve())},
             "checkpoint_seconds": train.checkpoint_minutes * 60,
+            "complete_marker": COMPLETE_MARKER,
             "resume_from": str(Path(job.resume_from).resolve()) if job.resume_from else None,
             "out": str(job.out.resolve()),
             "result": str(result.resolve()),

@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 
 
-def save_every(seconds: float):
-    """Save a trainer checkpoint whenever `seconds` have passed since the last one (train.checkpoint_minutes).
-    The same callback as trl_cpu's `save_every`, restated here because this process cannot import xtrain."""
+def save_callbacks(seconds: float, complete_marker: str):
+    """Save a trainer checkpoint whenever `seconds` have passed since the last one (train.checkpoint_minutes),
+    and mark each checkpoint complete once the trainer has written all of it, so that a rerun resumes only
+    from a whole one. The same callbacks as trl_cpu's (`save_every` in backends/trl.py, `MarkComplete` in
+    backends/guards.py), restated here because this process cannot import xtrain."""
     from transformers import TrainerCallback
 
     class SaveEvery(TrainerCallback):
@@ -32,7 +34,30 @@ def save_every(seconds: float):
         def on_save(self, args, state, control, **kwargs):
             self.last = time.monotonic()
 
-    return SaveEvery()
+    class MarkComplete(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if args.should_save and folder.is_dir():
+                (folder / complete_marker).write_text(f"{state.global_step}\n")
+
+    return [SaveEvery(), MarkComplete()]
+
+
+def step_grouped(trainer_class):
+    """Length grouping per optimizer step (micro-batch x accumulation), as xtrain's TRL lanes group
+    (`trainer_class` in backends/trl.py, restated here for the same reason as `save_callbacks`): the same seed then
+    picks the same rows for each step as trl_cpu."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    class StepGrouped(trainer_class):
+        def _get_train_sampler(self, train_dataset=None):
+            sampler = super()._get_train_sampler(train_dataset)
+            if isinstance(sampler, LengthGroupedSampler):
+                args = self.args
+                sampler.batch_size = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+            return sampler
+
+    return StepGrouped
 
 
 def sft_config(arguments: dict):
@@ -70,6 +95,7 @@ def main(job_path: str) -> None:
         load_in_8bit=False,
         full_finetuning=job["method"] == "full",
         local_files_only=True,
+        trust_remote_code=job["trust_remote_code"],
     )
     # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.
     model.config.use_cache = False
@@ -86,9 +112,9 @@ def main(job_path: str) -> None:
             random_state=job["seed"],
         )
     dataset = Dataset.from_parquet(job["train_parquet"]).select_columns(job["columns"])
-    trainer = SFTTrainer(
+    trainer = step_grouped(SFTTrainer)(
         model=model, args=sft_config(job["sft"]), train_dataset=dataset, processing_class=tokenizer,
-        callbacks=[save_every(job["checkpoint_seconds"])],
+        callbacks=save_callbacks(job["checkpoint_seconds"], job["complete_marker"]),
     )
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=job["resume_from"])

@@ -133,7 +133,9 @@ def pack(table: pa.Table, seq_len: int):
     )[:]
 
 
-def prepare(sources: list[Path], model_dir: Path, data: Data, out: Path) -> dict[str, Any]:
+def prepare(
+    sources: list[Path], model_dir: Path, data: Data, out: Path, trust_remote_code: bool = False
+) -> dict[str, Any]:
     """Build `out` (train/eval Parquet, manifest.json, preview.txt) atomically; return the manifest.
 
     `sources` are the local files of `data.sources` in order (hub sources have none).
@@ -141,7 +143,7 @@ def prepare(sources: list[Path], model_dir: Path, data: Data, out: Path) -> dict
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     seen: set[str] = set()
     near = NearDuplicates(data.near_dedupe_threshold) if data.near_dedupe_threshold else None
     chats, origin, per_source = [], [], {}

@@ -49,6 +49,7 @@ class Planner:
     params: dict[str, Any]
     estimator: str = "traced"
     fallback_reason: str | None = None
+    trust_remote_code: bool = False  # model.trust_remote_code: the model folder's own code builds it
 
     def breakdown(self, step: Step, strategy: str) -> dict[str, int]:
         """Peak bytes on one device, by kind, with FSDP's sharding applied."""
@@ -66,7 +67,7 @@ class Planner:
     def estimate(self, step: Step) -> dict[str, int]:
         if self.estimator == "traced":
             try:
-                return traced(self.model_dir, self.train, step).breakdown
+                return traced(self.model_dir, self.train, step, self.trust_remote_code).breakdown
             except Exception as exc:  # an architecture the fake-tensor trace cannot run: fall back, say why
                 self.estimator, self.fallback_reason = "analytical", f"{type(exc).__name__}: {exc}"[:300]
                 log.warning("memory trace failed, using the analytical estimator: %s", self.fallback_reason)
@@ -77,12 +78,12 @@ class Planner:
         return peak if self.hardware.accelerator == "cpu" else int(peak * ALLOCATOR_SLACK) + GPU_CONTEXT_BYTES
 
     def budget(self, gpu: str | None = None) -> int:
-        """Bytes one device offers: a GPU's memory, or a CPU node's RAM less the process's own."""
+        """Bytes one device offers: a GPU's memory, or a CPU process's share of its node's RAM less its own."""
         hardware = self.hardware
         if hardware.accelerator == "cpu":
             total = (hardware.host_memory_gb * GIB if hardware.host_memory_gb
                      else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-            return int(total * HOST_HEADROOM) - PROCESS_OVERHEAD_BYTES
+            return int(total * HOST_HEADROOM) // hardware.processes - PROCESS_OVERHEAD_BYTES
         if gpu is None and hardware.gpu_memory_gb:
             return int(hardware.gpu_memory_gb * GIB)
         return int(GPUS[gpu or hardware.gpu].memory_gib * GIB)
@@ -94,7 +95,7 @@ class Planner:
         """Predicted seconds of one forward+backward(+optimizer) over `tokens` tokens, and its terms."""
         rates = device_rates(self.hardware, step.precision, self.params["hidden_size"])
         if self.estimator == "traced":
-            trace = traced(self.model_dir, self.train, step)
+            trace = traced(self.model_dir, self.train, step, self.trust_remote_code)
             per_token, ops, source = trace.flops / (step.micro_batch * step.seq_len), trace.ops, "traced"
         else:  # without a trace the op count is unknown: small models will run slower than predicted
             per_token, ops, source = flops_per_token(self.params, step.seq_len, step.checkpointing), 0, "analytical"
@@ -104,9 +105,11 @@ class Planner:
                          "throughput_source": rates["source"]}
 
 
-def make_plan(model_dir: Path, manifest: dict, train: Train, hardware: Hardware) -> dict[str, Any]:
-    params = count_parameters(model_dir, train)
-    planner = Planner(model_dir, train, hardware, params)
+def make_plan(
+    model_dir: Path, manifest: dict, train: Train, hardware: Hardware, trust_remote_code: bool = False
+) -> dict[str, Any]:
+    params = count_parameters(model_dir, train, trust_remote_code)
+    planner = Planner(model_dir, train, hardware, params, trust_remote_code=trust_remote_code)
     data = manifest["splits"]["train"]
     # Batches are padded to their longest row, so the longest row sets the peak.
     longest = min(data.get("max_len") or manifest["seq_len"], manifest["seq_len"])
@@ -189,7 +192,10 @@ def check_micro_batch(train: Train, hardware: Hardware) -> int:
 
 
 def strategies(planner: Planner) -> list[str]:
-    return ["single"] if planner.hardware.devices == 1 else ["ddp", "fsdp"]
+    if planner.hardware.devices == 1:
+        return ["single"]
+    # accelerate runs CPU processes as DDP only (it ignores an FSDP plugin there).
+    return ["ddp"] if planner.hardware.accelerator == "cpu" else ["ddp", "fsdp"]
 
 
 def first_step(planner: Planner, precision: str, micro: int, seq_len: int, checkpointing: bool) -> Step:
@@ -230,7 +236,8 @@ def does_not_fit(planner: Planner, precision: str, per_device: int, seq_len: int
     if shorter >= 16:
         fixes.append(f"data.seq_len: {shorter} (rows now reach {seq_len} tokens)")
     if train.method == "full":
-        lora = Planner(planner.model_dir, Train(method="lora"), hardware, count_parameters(planner.model_dir, Train()))
+        lora = replace(planner, train=Train(method="lora"), estimator="traced", fallback_reason=None,
+                       params=count_parameters(planner.model_dir, Train(), planner.trust_remote_code))
         if choose_layout(lora, precision, per_device, seq_len):
             fixes.append("train.method: lora")
     if hardware.accelerator != "cpu":
@@ -248,8 +255,7 @@ def more_gpus(planner: Planner, step: Step, need: int) -> list[str]:
     """More devices (FSDP shards weights, gradients and optimizer states), or one larger GPU model."""
     fixes = []
     for devices in range(planner.hardware.devices + 1, 1025):
-        more = Planner(planner.model_dir, planner.train, planner.hardware.model_copy(
-            update={"gpus": devices, "nodes": 1}), planner.params, planner.estimator)
+        more = replace(planner, hardware=planner.hardware.model_copy(update={"gpus": devices, "nodes": 1}))
         if more.fits(step, "fsdp"):
             fixes.append(f"hardware.gpus x hardware.nodes: {devices} GPUs in all, with FSDP")
             break
@@ -266,7 +272,7 @@ def resources(planner: Planner, peak: int, seconds: float) -> dict[str, int]:
     """What the train job asks the scheduler for, per node: GPUs, cores, host memory, minutes."""
     hardware, params = planner.hardware, planner.params
     if hardware.accelerator == "cpu":
-        host_bytes, cpus = PROCESS_OVERHEAD_BYTES + peak, cpu_count(hardware)
+        host_bytes, cpus = hardware.processes * (PROCESS_OVERHEAD_BYTES + peak), cpu_count(hardware)
     else:  # each GPU's process holds a host copy of the weights while loading them
         host_bytes = hardware.gpus * (PROCESS_OVERHEAD_BYTES + params["total"] * 4)
         cpus = hardware.cpus or GPU_HOST_CPUS * hardware.gpus

@@ -52,19 +52,19 @@ REFTYPE_TO_KEY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "grad
                   "Activation": "activations", "Other": "activations", "Temp": "workspace"}
 
 
-def traced(model_dir: Path, train: Train, step: Step) -> Trace:
+def traced(model_dir: Path, train: Train, step: Step, trust_remote_code: bool = False) -> Trace:
     lora = train.lora.model_dump_json() if train.method == "lora" else None
-    return _traced(str(model_dir), train.method, lora, step)
+    return _traced(str(model_dir), train.method, lora, step, trust_remote_code)
 
 
 @functools.lru_cache(maxsize=256)  # the layout search and the "does not fit" advice revisit steps
-def _traced(model_dir: str, method: str, lora: str | None, step: Step) -> Trace:
+def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_remote_code: bool) -> Trace:
     import torch
     import transformers.masking_utils
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     train = Train(method=method, lora=json.loads(lora) if lora else None)
-    model = meta_model(Path(model_dir), train, dtype=torch_dtype(step.weights_dtype))
+    model = meta_model(Path(model_dir), train, torch_dtype(step.weights_dtype), trust_remote_code)
     # Fake tensors look like tracing to transformers, which then builds a 4-D causal mask a real
     # unpacked batch never materialises; saying "not packed" keeps the real run's mask-free path.
     no_packing = mock.patch.object(transformers.masking_utils, "find_packed_sequence_indices", lambda *a, **k: None)

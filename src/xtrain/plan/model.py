@@ -9,7 +9,7 @@ from ..errors import XtrainError
 from ..recipe import Train
 
 
-def meta_model(model_dir: Path, train: Train, dtype=None):
+def meta_model(model_dir: Path, train: Train, dtype=None, trust_remote_code: bool = False):
     """The model (with its LoRA adapters) on the meta device: every shape, no memory, no weights read.
 
     `dtype` is that of the base weights; peft keeps the adapters in fp32 whatever it is.
@@ -17,9 +17,9 @@ def meta_model(model_dir: Path, train: Train, dtype=None):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     if train.method == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -28,9 +28,9 @@ def meta_model(model_dir: Path, train: Train, dtype=None):
     return model
 
 
-def count_parameters(model_dir: Path, train: Train) -> dict[str, Any]:
+def count_parameters(model_dir: Path, train: Train, trust_remote_code: bool = False) -> dict[str, Any]:
     """Total and trainable parameters of the model as the recipe trains it, and the shapes the plan uses."""
-    model = meta_model(model_dir, train)
+    model = meta_model(model_dir, train, trust_remote_code=trust_remote_code)
     config = model.config
     return {
         "total": sum(p.numel() for p in model.parameters()),

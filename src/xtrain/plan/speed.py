@@ -49,7 +49,7 @@ def device_rates(hardware: Hardware, precision: str, width: int) -> dict[str, fl
         gpu = GPUS[hardware.gpu]
         return {"matmul_flops": gpu.peak_tflops_16bit * 1e12 * GPU_MFU[hardware.accelerator],
                 "op_seconds": GPU_OP_SECONDS, "source": f"peak table: {hardware.gpu} x MFU {GPU_MFU[hardware.accelerator]}"}
-    cpus = cpu_count(hardware)
+    cpus = max(1, cpu_count(hardware) // hardware.processes)  # a CPU device is one process's share of the cores
     probe = cached_cpu_probe(precision, width, cpus)
     efficiency = CPU_MATMUL_EFFICIENCY[precision]
     return {"matmul_flops": probe["matmul_flops"] * efficiency,

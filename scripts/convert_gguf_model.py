@@ -1,0 +1,12 @@
+"""Rule convert_gguf_model: a packaged GGUF model -> a Hugging Face model folder (offline)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain.gguf_model import convert
+from xtrain.stage import run_stage
+
+run_stage(
+    snakemake.log[0],
+    lambda: convert(snakemake.params.package, snakemake.params.file, Path(snakemake.output[0])),
+)

@@ -1,0 +1,230 @@
+"""`primus`: AMD Primus post-training (Megatron Bridge SFT / LoRA) on ROCm GPUs.
+
+Primus is ROCm-only and not on PyPI, so this lane cannot run on a CPU machine: it translates the recipe
+and plan into a Primus experiment YAML and the `primus-cli` launch command, and runs that command only
+where `primus-cli` is installed. What each key means, and where it comes from in Primus' own docs and
+code, is in docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import XtrainError
+from ..launch import run_command
+from ..recipe import Hardware, Train
+from . import TrainJob, TrainResult
+
+IMAGE = "rocm/primus:v26.8"  # the container launcher's default image (Primus CLI reference)
+# Megatron Bridge recipe module and flavor per Hugging Face model_type: the flavor supplies optimizer and
+# parallelism defaults; the architecture itself comes from the model folder (`hf_path`).
+RECIPES = {
+    "llama": ("llama.llama3", "llama3_8b_finetune_config"),
+    "qwen3": ("qwen.qwen3", "qwen3_8b_finetune_config"),
+}
+PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": "fp32"}
+# Megatron's LoRA targets its fused projections; a recipe's per-projection list maps onto them only
+# when it names whole groups (Megatron cannot adapt q without k and v).
+LORA_GROUPS = {
+    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj"),
+    "linear_fc2": ("down_proj",),
+}
+
+
+def lora_targets(target_modules: list[str]) -> list[str]:
+    """The recipe's LoRA targets as Megatron module names; an incomplete group is an error."""
+    if target_modules == ["all-linear"]:
+        return list(LORA_GROUPS)
+    wanted = set(target_modules)
+    known = {name for names in LORA_GROUPS.values() for name in names}
+    if wanted - known:
+        raise XtrainError(
+            f"train.lora.target_modules {sorted(wanted - known)}: the primus lane adapts only "
+            f"{sorted(known)} (or all-linear)"
+        )
+    targets = []
+    for group, names in LORA_GROUPS.items():
+        present = wanted & set(names)
+        if present and present != set(names):
+            raise XtrainError(
+                f"train.lora.target_modules: Megatron fuses {', '.join(names)} into {group}, so they are "
+                f"adapted together; list all of {list(names)} or none of them"
+            )
+        if present:
+            targets.append(group)
+    return targets
+
+
+# Megatron's lr_decay_style for each recipe schedule; HF's `constant` has no warmup.
+DECAY_STYLE = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+
+
+def experiment(job: TrainJob, name: str, packed: bool, model_preset: Path) -> dict[str, Any]:
+    """The Primus experiment YAML (as data) for this job."""
+    train, plan = job.train, job.plan
+    layout = plan["layout"]
+    steps = plan["time"]["steps"]
+    overrides: dict[str, Any] = {
+        # Pure data parallelism, as the plan lays it out (it never plans tensor or pipeline parallelism).
+        "tensor_model_parallel_size": 1,
+        "pipeline_model_parallel_size": 1,
+        "context_parallel_size": 1,
+        "sequence_parallel": False,
+        "use_megatron_fsdp": layout["strategy"] == "fsdp",
+        # Iteration-based: epochs become train_iters; Megatron derives accumulation as
+        # global_batch_size / (micro_batch_size x data-parallel size).
+        "train_iters": steps,
+        "global_batch_size": layout["global_batch_size"],
+        "micro_batch_size": layout["micro_batch_size"],
+        "seq_length": plan["data"]["seq_len"],
+        "packed_sequence": packed,
+        "eval_interval": steps,
+        "save_interval": max(1, steps // 4),
+        "finetune_lr": train.learning_rate,
+        "min_lr": 0.0,
+        "lr_warmup_iters": 0 if train.lr_scheduler == "constant" else math.ceil(steps * train.warmup_ratio),
+        "lr_decay_iters": steps,
+        "lr_decay_style": DECAY_STYLE[train.lr_scheduler],
+        "weight_decay": train.weight_decay,
+        "clip_grad": train.max_grad_norm,
+        "seed": train.seed,
+        "precision_config": PRECISION[plan["precision"]],
+        "recompute_granularity": "full" if plan["gradient_checkpointing"] else None,
+        "log_interval": train.logging_steps,
+        "peft": "lora" if train.method == "lora" else "none",
+    }
+    if train.method == "lora":
+        overrides.update(
+            peft_dim=train.lora.r,
+            peft_alpha=train.lora.alpha,
+            peft_dropout=train.lora.dropout,
+            peft_target_modules=lora_targets(train.lora.target_modules),
+        )
+    return {
+        "work_group": "xtrain",
+        "user_name": "xtrain",
+        "exp_name": name,
+        "workspace": str(job.work_dir / "workspace"),
+        "modules": {
+            "post_trainer": {
+                "framework": "megatron_bridge",
+                "config": "sft_trainer.yaml",
+                # An absolute path: Primus joins it onto its presets folder, which keeps an absolute path.
+                "model": str(model_preset),
+                "overrides": overrides,
+            }
+        },
+    }
+
+
+def model_preset(model_dir: Path, dataset_dir: Path, seq_len: int, seed: int) -> dict[str, Any]:
+    """A Primus model preset (recipe, flavor, hf_path, dataset) for the recipe's local model folder."""
+    model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    if model_type not in RECIPES:
+        raise XtrainError(
+            f"{model_dir}/config.json: model_type {model_type!r} has no Megatron Bridge recipe in the primus "
+            f"lane; supported: {', '.join(sorted(RECIPES))}"
+        )
+    recipe, flavor = RECIPES[model_type]
+    return {
+        "recipe": recipe,
+        "flavor": flavor,
+        "hf_path": str(model_dir.resolve()),
+        # A local dataset folder by path (Primus' post-training README, "Use Local Dataset").
+        "dataset": {
+            "_target_": "megatron.bridge.data.builders.hf_dataset.HFDatasetConfig",
+            "dataset_name": str(dataset_dir.resolve()),
+            "seq_length": seq_len,
+            "seed": seed,
+        },
+    }
+
+
+def launch_command(config: Path, hardware: Hardware, mode: str) -> list[str]:
+    """`primus-cli <mode> ... -- train posttrain --config X.yaml` as an argument list."""
+    posttrain = ["--", "train", "posttrain", "--config", str(config)]
+    if mode == "slurm":
+        return ["primus-cli", "slurm", "srun", "-N", str(hardware.nodes), *posttrain]
+    if mode == "container":
+        # The experiment, the model and the exported data live under the project: mount it at the same path.
+        project = str(Path.cwd().resolve())
+        return ["primus-cli", "container", "--image", IMAGE, "--volume", f"{project}:{project}", *posttrain]
+    if mode == "direct":
+        return ["primus-cli", "direct", *posttrain]
+    raise ValueError(f"unknown primus-cli mode {mode!r}")
+
+
+def launch_mode(hardware: Hardware) -> str:
+    """Slurm for several nodes; on one node, direct inside a ROCm environment that has Primus' Python
+    package, else its container."""
+    if hardware.nodes > 1:
+        return "slurm"
+    import importlib.util
+
+    return "direct" if importlib.util.find_spec("primus") is not None else "container"
+
+
+def export_dataset(prepared_dir: Path, out: Path) -> bool:
+    """Write the prepared splits as a local `datasets` folder: token ids and labels (-100 where no loss).
+    Returns whether the train rows are packed."""
+    from datasets import Dataset, DatasetDict
+
+    def with_labels(split: str) -> Dataset:
+        rows = Dataset.from_parquet(str(prepared_dir / f"{split}.parquet"))
+        return rows.map(
+            lambda row: {"labels": [t if m else -100 for t, m in zip(row["input_ids"], row["assistant_masks"])]},
+        )
+
+    splits = DatasetDict({"train": with_labels("train"), "validation": with_labels("eval")})
+    splits.save_to_disk(str(out))
+    return "seq_lengths" in splits["train"].column_names
+
+
+class Primus:
+    name = "primus"
+
+    def check(self, train: Train, hardware: Hardware) -> None:
+        if hardware.accelerator != "rocm":
+            raise XtrainError(
+                f"train.backend primus runs on AMD GPUs with ROCm, but hardware.accelerator is "
+                f"{hardware.accelerator!r}: set hardware.accelerator: rocm (and gpus), or use another backend"
+            )
+        if train.method == "lora":
+            lora_targets(train.lora.target_modules)
+
+    def run(self, job: TrainJob) -> TrainResult:
+        if shutil.which("primus-cli") is None:
+            raise XtrainError(
+                "train.backend primus needs a ROCm machine with Primus installed (`primus-cli` on PATH, e.g. in "
+                f"the {IMAGE} container); it is not on PATH here. The lane's translation is tested on CPU, "
+                "but training needs AMD GPUs"
+            )
+        # Launching works; reading Megatron Bridge's output back into the checkpoint contract needs a
+        # ROCm machine to check against, so the lane stops here rather than write an unchecked checkpoint.
+        config = self.write_config(job)
+        run_command(launch_command(config, job.hardware, launch_mode(job.hardware)))
+        raise XtrainError(
+            f"primus trained into {job.work_dir / 'workspace'}, but converting Megatron Bridge's output to the "
+            "checkpoint contract is not implemented yet (it has never been run on a ROCm machine)"
+        )
+
+    def write_config(self, job: TrainJob) -> Path:
+        """Export the data and write the model preset and experiment YAML under `job.work_dir`."""
+        job.work_dir.mkdir(parents=True, exist_ok=True)
+        dataset_dir = job.work_dir / "dataset"
+        packed = export_dataset(job.prepared_dir, dataset_dir)
+        preset = job.work_dir / "model.yaml"
+        spec = model_preset(job.model_dir, dataset_dir, job.plan["data"]["seq_len"], job.train.seed)
+        preset.write_text(yaml.safe_dump(spec, sort_keys=False))
+        config = job.work_dir / "primus_posttrain.yaml"
+        exp = experiment(job, job.out.name, packed, preset.resolve())
+        config.write_text(yaml.safe_dump(exp, sort_keys=False))
+        return config

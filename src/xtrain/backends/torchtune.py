@@ -1,0 +1,371 @@
+"""`torchtune`: torchtune 0.6.1's single-device LoRA / full fine-tune recipes, in their own environment.
+
+The lane translates recipe + plan into a torchtune config (the model built from the Hugging Face config's
+shape with torchtune's Llama 3.2 component builders, HF checkpoints in and out, xtrain's prepared tokens as
+the dataset), checks it with `tune validate`, launches `tune run` with the device overrides, and turns
+torchtune's output into the checkpoint contract: the PEFT adapter (or the full model) and the tokenizer,
+and the loss curve from torchtune's metric log. `xtrain_torchtune` (src/) holds the components the config
+names; it runs inside torchtune's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..envs import lane_python
+from ..errors import XtrainError
+from ..launch import run_command
+from ..recipe import Hardware, Train
+from . import TrainJob, TrainResult
+
+log = logging.getLogger(__name__)
+
+COMPONENTS = Path(__file__).resolve().parents[2]  # src/, where xtrain_torchtune.py lives
+# Recipe LoRA targets -> torchtune's names. torchtune adapts the MLP as a whole (w1, w2, w3 together).
+ATTENTION = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
+MLP = ("gate_proj", "up_proj", "down_proj")
+DTYPE = {"fp32": "fp32", "bf16": "bf16"}
+# torchtune's metric log: "Step 3 | loss:6.93 lr:0.005 tokens_per_second_per_gpu:1234.5 ..."
+STEP_LINE = re.compile(r"^Step (\d+) \| (.*)$")
+
+
+def lora_layout(target_modules: list[str]) -> tuple[list[str], bool]:
+    """(lora_attn_modules, apply_lora_to_mlp) for the recipe's targets; what torchtune cannot adapt is an error."""
+    if target_modules == ["all-linear"]:
+        return list(ATTENTION.values()), True
+    wanted = set(target_modules)
+    unknown = sorted(wanted - set(ATTENTION) - set(MLP))
+    if unknown:
+        raise XtrainError(
+            f"train.lora.target_modules {unknown}: the torchtune lane adapts {sorted(ATTENTION)} and the MLP "
+            f"({', '.join(MLP)}), or all-linear"
+        )
+    mlp = wanted & set(MLP)
+    if mlp and mlp != set(MLP):
+        raise XtrainError(
+            f"train.lora.target_modules: torchtune adapts the MLP's {', '.join(MLP)} together; list all three "
+            "or none of them"
+        )
+    return [ATTENTION[name] for name in ATTENTION if name in wanted], bool(mlp)
+
+
+def model_component(model_dir: Path, train: Train) -> dict[str, Any]:
+    """torchtune's Llama 3.2 builder with the Hugging Face config's shape. Its RoPE with scale_factor 1 is
+    plain RoPE, as in LlamaConfig without rope scaling; tied embeddings are kept tied."""
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("model_type") != "llama":
+        raise XtrainError(
+            f"{model_dir}/config.json: model_type {config.get('model_type')!r}; the torchtune lane builds Llama "
+            "models only (its Qwen2 adapter export permutes q/k wrongly)"
+        )
+    rope = config.get("rope_parameters") or {}
+    if (config.get("rope_scaling") or {}).get("rope_type", "default") != "default" or rope.get(
+        "rope_type", "default"
+    ) != "default":
+        raise XtrainError(f"{model_dir}/config.json: rope scaling is not mapped by the torchtune lane")
+    heads = config["num_attention_heads"]
+    shape = {
+        "vocab_size": config["vocab_size"],
+        "num_layers": config["num_hidden_layers"],
+        "num_heads": heads,
+        "num_kv_heads": config.get("num_key_value_heads", heads),
+        "embed_dim": config["hidden_size"],
+        "max_seq_len": config["max_position_embeddings"],
+        "intermediate_dim": config["intermediate_size"],
+        "attn_dropout": config.get("attention_dropout", 0.0),
+        "norm_eps": config["rms_norm_eps"],
+        "rope_base": rope.get("rope_theta", config.get("rope_theta", 10000.0)),
+        "scale_factor": 1,
+        "tie_word_embeddings": config.get("tie_word_embeddings", False),
+    }
+    if config.get("head_dim", config["hidden_size"] // heads) * heads != config["hidden_size"]:
+        raise XtrainError(f"{model_dir}/config.json: head_dim x heads != hidden_size is not mapped by torchtune's builder")
+    if train.method == "full":
+        return {"_component_": "torchtune.models.llama3_2._component_builders.llama3_2", **shape}
+    attention, mlp = lora_layout(train.lora.target_modules)
+    return {
+        "_component_": "torchtune.models.llama3_2._component_builders.lora_llama3_2",
+        "lora_attn_modules": attention,
+        "apply_lora_to_mlp": mlp,
+        "apply_lora_to_output": False,
+        **shape,
+        "lora_rank": train.lora.r,
+        "lora_alpha": train.lora.alpha,
+        "lora_dropout": train.lora.dropout,
+    }
+
+
+def epochs_and_cap(total_steps: int, steps_per_epoch: int) -> tuple[int, int | None]:
+    """torchtune runs whole epochs, each capped at max_steps_per_epoch: the plan's step count as
+    (epochs, cap). A count that is neither at most one epoch nor whole epochs cannot be expressed."""
+    if total_steps <= steps_per_epoch:
+        return 1, total_steps
+    if total_steps % steps_per_epoch == 0:
+        return total_steps // steps_per_epoch, None
+    raise XtrainError(
+        f"the plan's {total_steps} steps are {total_steps / steps_per_epoch:.2f} epochs of {steps_per_epoch} "
+        "steps; torchtune runs whole epochs: set train.epochs to a whole number, or train.max_steps to at most "
+        f"{steps_per_epoch} or a multiple of it"
+    )
+
+
+def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, Any]:
+    """The torchtune config for this job (device settings go on the command line: see `launch_command`)."""
+    train, plan = job.train, job.plan
+    layout = plan["layout"]
+    micro, accumulation = layout["micro_batch_size"], layout["gradient_accumulation_steps"]
+    # torchtune's loader drops the last partial batch, and an epoch ends after whole optimizer steps.
+    steps_per_epoch = (train_rows // micro) // accumulation
+    if steps_per_epoch < 1:
+        raise XtrainError(
+            f"{train_rows} train rows make no full optimizer step of {micro} x {accumulation} rows; lower "
+            "train.global_batch_size"
+        )
+    epochs, cap = epochs_and_cap(plan["time"]["steps"], steps_per_epoch)
+    out = job.work_dir / "torchtune"
+    weights = sorted(path.name for path in job.model_dir.glob("*.safetensors"))
+    if not weights:
+        raise XtrainError(f"{job.model_dir}: no *.safetensors weights; torchtune's HF checkpointer reads safetensors")
+    return {
+        "output_dir": str(out),
+        "model": model_component(job.model_dir, train),
+        "tokenizer": {"_component_": "xtrain_torchtune.special_tokens", "path": str(job.model_dir)},
+        "checkpointer": {
+            "_component_": "torchtune.training.FullModelHFCheckpointer",
+            "checkpoint_dir": str(job.model_dir),
+            "checkpoint_files": weights,
+            "output_dir": str(out),
+            "model_type": "LLAMA3_2",
+            "recipe_checkpoint": None,
+        },
+        "resume_from_checkpoint": False,
+        "save_adapter_weights_only": False,
+        "dataset": {
+            "_component_": "xtrain_torchtune.prepared_dataset",
+            "path": str(job.prepared_dir / "train.parquet"),
+            "packed": packed,
+            "seed": train.seed,
+            "seq_len": plan["data"]["seq_len"],
+        },
+        "seed": train.seed,
+        "shuffle": True,
+        "batch_size": micro,
+        "optimizer": {
+            "_component_": "torch.optim.AdamW",
+            "lr": train.learning_rate,
+            "weight_decay": train.weight_decay,
+        },
+        "lr_scheduler": {
+            "_component_": "xtrain_torchtune.lr_scheduler",
+            "schedule": train.lr_scheduler,
+            "warmup_ratio": train.warmup_ratio,
+        },
+        "loss": {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"},
+        "epochs": epochs,
+        "max_steps_per_epoch": cap,
+        "gradient_accumulation_steps": accumulation,
+        "clip_grad_norm": train.max_grad_norm,
+        "enable_activation_checkpointing": plan["gradient_checkpointing"],
+        "enable_activation_offloading": False,
+        "metric_logger": {"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
+        # Every step is logged; `log_history` averages them over train.logging_steps as the trl lanes do.
+        "log_every_n_steps": 1,
+        "profiler": {"_component_": "torchtune.training.setup_torch_profiler", "enabled": False},
+    }
+
+
+def components():
+    """xtrain_torchtune, loaded from its file: it lives beside the xtrain package, not inside it, because
+    it must import in torchtune's environment where xtrain's own dependencies are absent."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("xtrain_torchtune", COMPONENTS / "xtrain_torchtune.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def launch_command(python: str, recipe: str, config: Path, device: str, dtype: str) -> list[str]:
+    """`tune run <recipe> --config X` with the device settings as command-line overrides."""
+    return [
+        python, "-m", "torchtune._cli.tune", "run", recipe, "--config", str(config),
+        f"device={device}", f"dtype={dtype}", "compile=False", f"log_peak_memory_stats={device == 'cuda'}",
+    ]
+
+
+def log_history(log_file: Path, logging_steps: int) -> list[dict[str, Any]]:
+    """torchtune's per-step metric log as trainer-style entries: step 1, then every `logging_steps` steps,
+    each the mean loss of the steps since the previous entry (as transformers' Trainer reports it)."""
+    steps = []
+    for line in log_file.read_text().splitlines():
+        match = STEP_LINE.match(line.strip())
+        if match:
+            values = dict(item.split(":", 1) for item in match.group(2).split())
+            steps.append((int(match.group(1)), float(values["loss"]), float(values["lr"])))
+    if not steps:
+        raise XtrainError(f"{log_file}: torchtune logged no training step")
+    history, pending = [], []
+    last = steps[-1][0]
+    for step, loss, lr in steps:
+        pending.append(loss)
+        if step == 1 or step % logging_steps == 0 or step == last:
+            history.append({"step": step, "loss": sum(pending) / len(pending), "learning_rate": lr})
+            pending = []
+    return history
+
+
+def export_checkpoint(epoch_dir: Path, model_dir: Path, out: Path, method: str, trust_remote_code: bool) -> None:
+    """Copy torchtune's HF-format output into the checkpoint contract. For LoRA only the PEFT adapter:
+    torchtune's epoch folder also holds the merged weights, and a folder with both is loaded by
+    transformers 5 as merged weights plus the adapter a second time."""
+    from transformers import AutoTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    if method == "lora":
+        shutil.copyfile(epoch_dir / "adapter_model.safetensors", out / "adapter_model.safetensors")
+        adapter = json.loads((epoch_dir / "adapter_config.json").read_text())
+        adapter["base_model_name_or_path"] = str(model_dir)
+        (out / "adapter_config.json").write_text(json.dumps(adapter, indent=2))
+    else:
+        for path in epoch_dir.iterdir():
+            if path.suffix == ".safetensors" or path.name in ("config.json", "model.safetensors.index.json",
+                                                               "generation_config.json"):
+                shutil.copyfile(path, out / path.name)
+    AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code).save_pretrained(out)
+
+
+def tensors(folder: Path) -> dict[str, Path]:
+    """Which safetensors file of `folder` holds each tensor (model weights only, not the adapter)."""
+    from safetensors import safe_open
+
+    index = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        if path.name != "adapter_model.safetensors":
+            with safe_open(str(path), "pt") as file:
+                index.update(dict.fromkeys(file.keys(), path))
+    return index
+
+
+def adapter_error(epoch_dir: Path, model_dir: Path, checkpoint: Path) -> float:
+    """How far the exported PEFT adapter is from what torchtune merged itself, as the largest over all
+    tensors of: for an adapted weight, |(merged - base) - (alpha/r)·B·A| relative to the largest |(alpha/r)·B·A|;
+    for any other weight, |merged - base| relative to its largest |base| (it must be unchanged). Base weights
+    are first rounded to the dtype torchtune saved, as it trained on them. A q/k export permuted or scaled
+    differently from the trained model gives an error of order 1."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    config = json.loads((checkpoint / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    adapter = load_file(str(checkpoint / "adapter_model.safetensors"))
+    merged, base = tensors(epoch_dir), tensors(model_dir)
+    if set(merged) != set(base):
+        raise XtrainError(f"{epoch_dir}: torchtune's merged weights name other tensors than {model_dir}'s")
+    worst, applied = 0.0, 0
+    for name, path in merged.items():
+        with safe_open(str(path), "pt") as file:
+            trained = file.get_tensor(name)
+        with safe_open(str(base[name]), "pt") as file:
+            before = file.get_tensor(name).to(trained.dtype).float()
+        change = trained.float() - before
+        prefix = "base_model.model." + name.removesuffix(".weight")
+        if f"{prefix}.lora_A.weight" in adapter:
+            delta = scale * adapter[f"{prefix}.lora_B.weight"].float() @ adapter[f"{prefix}.lora_A.weight"].float()
+            error = (change - delta).abs().max() / delta.abs().max().clamp_min(1e-12)
+            applied += 2
+        else:
+            error = change.abs().max() / before.abs().max().clamp_min(1e-12)
+        worst = max(worst, error.item())
+    if applied != len(adapter):
+        raise XtrainError(f"{checkpoint}/adapter_model.safetensors: {len(adapter) - applied} adapter tensors name no "
+                          f"weight of {model_dir}")
+    return worst
+
+
+def adapter_tolerance(precision: str) -> float:
+    """fp32 merges agree to float rounding; bf16 weights (8-bit mantissa) round the merged weight at the
+    size of the base weight, which on a short run is a few percent of the adapter's change."""
+    return 1e-3 if precision == "fp32" else 0.1
+
+
+class Torchtune:
+    name = "torchtune"
+
+    def check(self, train: Train, hardware: Hardware) -> None:
+        if hardware.accelerator == "rocm":
+            raise XtrainError("train.backend torchtune: its environment holds a CPU/CUDA torch; use accelerator cpu or cuda")
+        if hardware.nodes != 1 or hardware.gpus > 1:
+            raise XtrainError(
+                "train.backend torchtune runs its single-device recipes: set hardware.nodes: 1 and gpus: 0 or 1"
+            )
+        if train.method == "lora":
+            lora_layout(train.lora.target_modules)
+
+    def run(self, job: TrainJob) -> TrainResult:
+        import pyarrow.parquet as pq
+
+        if job.plan["precision"] not in DTYPE:
+            raise XtrainError(f"plan precision {job.plan['precision']!r} is not supported by torchtune; re-run the plan")
+        if job.plan["precision"] == "bf16":
+            log.info("plan precision bf16 -> torchtune dtype=bf16: torchtune holds weights and activations in "
+                     "bf16 (it has no fp32-weights autocast mode)")
+        if job.train.method == "full" and job.train.weight_decay:
+            log.info("train.weight_decay -> torch AdamW over every parameter: torchtune also decays norms and "
+                     "embeddings, which transformers' Trainer exempts")
+        log.info("train.seed -> torchtune's seed (LoRA init, dropout) and the order of xtrain's dataset; "
+                 "torchtune's sampler itself always shuffles with seed 0")
+        log.info("train.checkpoint_minutes is not applied: torchtune 0.6.1 saves its resumable state at the end "
+                 "of each epoch only; an interrupted run restarts")
+        schema = pq.read_schema(job.prepared_dir / "train.parquet")
+        packed = "seq_lengths" in schema.names
+        lengths = [len(ids) for ids in pq.read_table(job.prepared_dir / "train.parquet", columns=["input_ids"])
+                   .column("input_ids").to_pylist()]
+        config = torchtune_config(job, len(lengths), packed)
+        shutil.rmtree(job.work_dir, ignore_errors=True)  # a torchtune run starts over (see above)
+        job.work_dir.mkdir(parents=True)
+        config_path = job.work_dir / "torchtune.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+        python = lane_python("torchtune", "torchtune")
+        env = {"PYTHONPATH": str(COMPONENTS)}
+        run_command([python, "-m", "torchtune._cli.tune", "validate", str(config_path)], env=env)
+        recipe = "lora_finetune_single_device" if job.train.method == "lora" else "full_finetune_single_device"
+        device = "cuda" if job.hardware.accelerator == "cuda" else "cpu"
+        started = time.perf_counter()
+        run_command(launch_command(python, recipe, config_path, device, DTYPE[job.plan["precision"]]), env=env)
+        seconds = time.perf_counter() - started
+
+        out = Path(config["output_dir"])
+        logs = sorted((out / "logs").glob("log_*.txt"))
+        history = log_history(logs[-1], job.train.logging_steps)
+        # torchtune steps on whatever the gradients are: a non-finite loss means the saved weights carry it.
+        broken = next((entry["step"] for entry in history if not math.isfinite(entry["loss"])), None)
+        if broken is not None:
+            raise XtrainError(
+                f"torchtune's loss is NaN or infinite by step {broken} (its log: {logs[-1]}); no checkpoint is "
+                "written. Lower train.learning_rate or raise train.warmup_ratio, or check the data, then rerun."
+            )
+        epoch_dir = max(out.glob("epoch_*"), key=lambda path: int(path.name.split("_")[1]))
+        export_checkpoint(epoch_dir, job.model_dir, job.out, job.train.method, job.trust_remote_code)
+        if job.train.method == "lora":
+            error = adapter_error(epoch_dir, job.model_dir, job.out)
+            log.info("exported adapter vs torchtune's merged weights: largest relative difference %.2e", error)
+            if error > adapter_tolerance(job.plan["precision"]):
+                raise XtrainError(
+                    f"the PEFT adapter exported from {epoch_dir} does not reproduce the weights torchtune trained "
+                    f"(relative difference {error:.2e}); its adapter export does not fit this model"
+                )
+        steps_per_epoch = config["max_steps_per_epoch"] or history[-1]["step"] // config["epochs"]
+        rows_per_epoch = steps_per_epoch * config["gradient_accumulation_steps"] * config["batch_size"]
+        trained = components().rows_trained(len(lengths), job.train.seed, config["epochs"], rows_per_epoch)
+        return TrainResult(log_history=history, tokens_seen=sum(lengths[row] for row in trained),
+                           train_seconds=seconds)

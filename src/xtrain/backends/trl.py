@@ -1,0 +1,200 @@
+"""The TRL trainer the `trl_cpu` and `trl_local` lanes share: recipe `train` + plan -> `SFTConfig` ->
+`SFTTrainer` -> weights and tokenizer in `job.out`.
+
+The lanes differ only in where this runs (device, process count); everything that decides what is trained
+and how is here, once. The trainer's callbacks are listed in one place, `callbacks`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import XtrainError
+from ..recipe import Train
+from . import TrainJob, TrainResult, guards
+
+log = logging.getLogger(__name__)
+
+Device = Literal["cpu", "cuda", "rocm"]
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one training process runs and the autocast dtype it uses there."""
+
+    device: Device
+    precision: str  # fp32 (no autocast), bf16 or fp16
+
+
+def save_every(seconds: float):
+    """A trainer callback that saves a checkpoint whenever `seconds` have passed since the last one:
+    a scheduler's time limit or a preemption then costs at most that much work."""
+    from transformers import TrainerCallback
+
+    class SaveEvery(TrainerCallback):
+        def __init__(self):
+            self.last = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.monotonic() - self.last >= seconds:
+                control.should_save = True
+
+        def on_save(self, args, state, control, **kwargs):
+            self.last = time.monotonic()
+
+    return SaveEvery()
+
+
+def callbacks(train: Train) -> list:
+    """Every callback the trainer runs with, for every TRL lane."""
+    return [save_every(train.checkpoint_minutes * 60), *guards.callbacks()]
+
+
+def cpu_placement(plan: dict) -> Placement:
+    """The CPU settings: fp32, or bf16 autocast (weights stay fp32) when the plan chose it; processes as DDP."""
+    if plan["precision"] not in ("fp32", "bf16"):
+        raise XtrainError(
+            f"plan precision {plan['precision']!r} cannot run on the CPU (fp32 or bf16 autocast only); re-run the plan "
+            "for hardware.accelerator: cpu"
+        )
+    if plan["layout"]["strategy"] == "fsdp":
+        raise XtrainError(
+            "the plan's layout is fsdp, but CPU processes train as DDP only (accelerate ignores FSDP there): "
+            "re-run the plan for hardware.accelerator: cpu"
+        )
+    return Placement("cpu", plan["precision"])
+
+
+def trainer_class():
+    """SFTTrainer, with length grouping done per optimizer step rather than per process.
+
+    transformers groups rows of similar length in windows of one process's share of a step, so the rows a
+    step trains on would change with the process count; grouping over the global batch makes N processes
+    train on exactly the rows one process does, in the same order.
+    """
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+    from trl import SFTTrainer
+
+    class StepGroupedSFTTrainer(SFTTrainer):
+        def _get_train_sampler(self, train_dataset=None):
+            sampler = super()._get_train_sampler(train_dataset)
+            if isinstance(sampler, LengthGroupedSampler):
+                args = self.args
+                sampler.batch_size = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+            return sampler
+
+    return StepGroupedSFTTrainer
+
+
+def fsdp_settings(plan: dict, model) -> dict:
+    """FSDP (weights, gradients and optimizer states sharded, one decoder block per unit) when the plan's layout
+    is `fsdp`; nothing for `single` and `ddp` (the trainer replicates under torchrun by itself)."""
+    if plan["layout"]["strategy"] != "fsdp":
+        return {}
+    return {
+        "fsdp": "full_shard auto_wrap",
+        "fsdp_config": {
+            "version": 2,
+            "transformer_layer_cls_to_wrap": list(model._no_split_modules or []),
+            # The checkpoint contract wants one HF-loadable file, not per-rank shards.
+            "state_dict_type": "FULL_STATE_DICT",
+            "activation_checkpointing": plan["gradient_checkpointing"],
+        },
+    }
+
+
+def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool = False) -> dict:
+    """`SFTConfig` keyword arguments (TRL 1.16 / transformers 5.24 names) for the recipe's train section and the
+    plan: the one recipe -> trainer mapping of every TRL-based lane (trl_cpu, trl_local, and unsloth, whose
+    runner translates the names its older transformers spells differently)."""
+    train, plan = job.train, job.plan
+    layout = plan["layout"]
+    on_cpu = placement.device == "cpu"
+    return dict(
+        output_dir=str(job.work_dir),
+        use_cpu=on_cpu,
+        bf16=placement.precision == "bf16",  # autocast; trainable weights stay fp32
+        fp16=placement.precision == "fp16",
+        per_device_train_batch_size=layout["micro_batch_size"],
+        gradient_accumulation_steps=layout["gradient_accumulation_steps"],
+        # FSDP checkpoints its own wrapped blocks (fsdp_config); the trainer's would wrap them twice.
+        activation_checkpointing=plan["gradient_checkpointing"] and not fsdp,
+        num_train_epochs=train.epochs,
+        max_steps=train.max_steps or -1,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=train.warmup_ratio,
+        weight_decay=train.weight_decay,
+        max_grad_norm=train.max_grad_norm,
+        optim="adamw_torch",
+        seed=train.seed,
+        data_seed=train.seed,
+        # Packed rows already fit seq_len, and TRL refuses max_length with padding-free batches.
+        max_length=None if packed else plan["data"]["seq_len"],
+        packing=False,
+        padding_free=packed,
+        train_sampling_strategy="random" if packed else "group_by_length",
+        logging_steps=train.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=max(1, plan["time"]["steps"] // 4),  # and every checkpoint_minutes, in callbacks()
+        save_total_limit=2,
+        include_num_input_tokens_seen="non_padding",
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        # Used only under torchrun (accelerate picks gloo on the CPU, nccl/rccl on GPUs). Every parameter that
+        # trains takes part in each step: skipping DDP's search for unused ones saves a graph traversal per step.
+        ddp_find_unused_parameters=False,
+    )
+
+
+def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
+    """Train `job` in this process (one of several under torchrun, or alone) and save the weights and the
+    tokenizer in `job.out` (the main process only)."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig
+
+    train, plan = job.train, job.plan
+    on_cpu = placement.device == "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code)
+    # LoRA on a GPU holds the frozen base in 16 bits (plan weights_dtype), in the dtype autocast really uses;
+    # the CPU and full fine-tunes keep fp32 (master) weights.
+    sixteen_bit_base = not on_cpu and train.method == "lora" and plan["weights_dtype"] != "fp32"
+    dtype = getattr(torch, TORCH_DTYPES[placement.precision if sixteen_bit_base else "fp32"])
+    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, trust_remote_code=job.trust_remote_code)
+    # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.
+    model.config.use_cache = False
+    dataset = Dataset.from_parquet(str(job.prepared_dir / "train.parquet"))
+    # Prepare packs with TRL's packer: `seq_lengths` marks the sequences inside each row.
+    packed = "seq_lengths" in dataset.column_names
+    dataset = dataset.select_columns(["input_ids", "assistant_masks"] + (["seq_lengths"] if packed else []))
+    peft_config = None
+    if train.method == "lora":
+        peft_config = LoraConfig(**train.lora.peft_kwargs(), task_type="CAUSAL_LM")
+    fsdp = fsdp_settings(plan, model)
+    args = SFTConfig(**sft_arguments(job, placement, packed, fsdp=bool(fsdp)), **fsdp)
+    trainer = trainer_class()(
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
+        callbacks=callbacks(train),
+    )
+    started = time.perf_counter()
+    trainer.train(resume_from_checkpoint=job.resume_from)
+    seconds = time.perf_counter() - started
+    log.info("trained on %s, %s autocast, %d process(es), model wrapped as %s", placement.device,
+             placement.precision, args.world_size, type(trainer.model_wrapped).__name__)
+    trainer.save_model(str(job.out))  # the main process writes; under FSDP every rank helps gather
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(str(job.out))
+    return TrainResult(
+        log_history=trainer.state.log_history,
+        tokens_seen=int(trainer.state.num_input_tokens_seen),
+        train_seconds=seconds,
+    )

@@ -1,0 +1,182 @@
+"""`trl_local`: the shared TRL trainer (`backends/trl.py`) on the device this machine has, in one process or
+in one process per device through `torchrun`.
+
+- The device found at run time must be the recipe's `hardware` (accelerator, GPUs per node, nodes), else
+  a clear error before anything loads.
+- GPUs (CUDA, or ROCm: `torch.version.hip`) train with the plan's bf16 autocast, fp16 where the GPU lacks
+  bf16; the CPU with the CPU settings (fp32, or bf16 autocast).
+- One CPU process trains in this process. More processes (`hardware.processes` on a CPU, GPUs per node,
+  nodes) and every GPU run go through `torchrun`, whose workers run this module (`python -m
+  xtrain.backends.trl_local job.json`): DDP, or FSDP when the plan's layout says so. A one-GPU run goes
+  through it too, so that it is one process on one GPU rather than DataParallel over all visible ones.
+- Several nodes: inside a Slurm allocation, `srun` starts one torchrun per node with a c10d rendezvous on
+  the allocation's first host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+from ..envs import lane_python
+from ..errors import XtrainError
+from ..launch import run_command
+from ..recipe import Hardware, Train
+from . import TrainJob, TrainResult
+from .trl import Device, Placement, cpu_placement, train_and_save
+
+log = logging.getLogger(__name__)
+
+RENDEZVOUS_PORT = 29500  # torchrun's default; MASTER_PORT overrides it
+JOB_FILE, RESULT_FILE = "trl_local_job.json", "trl_local_result.json"
+
+
+def found_device(hardware: Hardware) -> Device:
+    """The device this process can train on, checked against what the recipe's `hardware` asks for."""
+    import torch
+
+    if hardware.accelerator == "cpu":
+        return "cpu"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", os.environ.get("HIP_VISIBLE_DEVICES", "unset"))
+    if not torch.cuda.is_available():
+        build = f"ROCm {torch.version.hip}" if torch.version.hip else (
+            f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only")
+        raise XtrainError(
+            f"hardware.accelerator is {hardware.accelerator!r} but torch {torch.__version__} ({build} build) sees no "
+            f"GPU here (CUDA_VISIBLE_DEVICES={visible}): run on a {hardware.accelerator} GPU node, or set "
+            "hardware.accelerator: cpu and gpus: 0"
+        )
+    kind = "rocm" if torch.version.hip else "cuda"
+    if kind != hardware.accelerator:
+        raise XtrainError(
+            f"hardware.accelerator is {hardware.accelerator!r} but this machine's GPUs are {kind} "
+            f"(torch {torch.__version__}): set hardware.accelerator: {kind}, or run on a {hardware.accelerator} node"
+        )
+    count = torch.cuda.device_count()
+    if count < hardware.gpus:
+        raise XtrainError(
+            f"hardware.gpus is {hardware.gpus} per node but {count} {kind} GPU(s) are visible here "
+            f"(CUDA_VISIBLE_DEVICES={visible}): set hardware.gpus: {count}, or ask the scheduler for {hardware.gpus}"
+        )
+    return kind
+
+
+def gpu_placement(plan: dict, device: Device) -> Placement:
+    """The plan's autocast dtype on this GPU; bf16 becomes fp16 (logged) on a GPU without bf16."""
+    import torch
+
+    precision = plan["precision"]
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        log.warning("plan precision bf16 mapped to fp16: %s has no bf16", torch.cuda.get_device_name())
+        precision = "fp16"
+    return Placement(device, precision)
+
+
+def placement(plan: dict, hardware: Hardware) -> Placement:
+    device = found_device(hardware)
+    return cpu_placement(plan) if device == "cpu" else gpu_placement(plan, device)
+
+
+def check_nodes(hardware: Hardware, env: dict[str, str]) -> None:
+    """Several nodes are reached through the Slurm allocation this job runs in, which must have them."""
+    if hardware.nodes == 1:
+        return
+    if "SLURM_JOB_ID" not in env:
+        raise XtrainError(
+            f"hardware.nodes is {hardware.nodes}: a multi-node run starts from inside a Slurm allocation of "
+            f"{hardware.nodes} nodes (snakemake --profile profiles/slurm); SLURM_JOB_ID is not set here"
+        )
+    allocated = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 0)
+    if allocated != hardware.nodes:
+        raise XtrainError(
+            f"hardware.nodes is {hardware.nodes} but Slurm job {env['SLURM_JOB_ID']} has {allocated} node(s): "
+            "ask for the recipe's node count (the plan's resources.nodes) or change hardware.nodes"
+        )
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: `gpu[03-05,09],cpu1` -> `gpu03`."""
+    match = re.match(r"([^,\[]+)(?:\[([^\],-]+))?", nodelist.strip())
+    if not match:
+        raise XtrainError(f"cannot read the Slurm node list {nodelist!r} (SLURM_JOB_NODELIST)")
+    return match.group(1) + (match.group(2) or "")
+
+
+def torchrun_command(python: str, hardware: Hardware, job_file: Path, env: dict[str, str]) -> list[str]:
+    """The launch command: torchrun with one worker per device of a node; on several nodes, under `srun`
+    (one torchrun per node) with a c10d rendezvous on the allocation's first host."""
+    torchrun = [python, "-m", "torch.distributed.run", f"--nproc-per-node={hardware.processes_per_node}"]
+    worker = ["-m", __name__, str(job_file)]
+    if hardware.nodes == 1:
+        return [*torchrun, "--standalone", *worker]  # a free local port: runs side by side do not collide
+    check_nodes(hardware, env)
+    endpoint = f"{first_host(env['SLURM_JOB_NODELIST'])}:{env.get('MASTER_PORT', RENDEZVOUS_PORT)}"
+    srun = [
+        "srun", f"--nodes={hardware.nodes}", f"--ntasks={hardware.nodes}", "--ntasks-per-node=1",
+        # The Snakemake job itself runs in an `srun -n1` step holding the first node's cores.
+        "--overlap", "--kill-on-bad-exit=1",
+    ]
+    return [
+        *srun, *torchrun, f"--nnodes={hardware.nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={env['SLURM_JOB_ID']}", *worker,
+    ]
+
+
+def write_job(job: TrainJob, path: Path) -> None:
+    path.write_text(json.dumps(job.to_json(), indent=1))
+
+
+def read_job(path: Path) -> TrainJob:
+    return TrainJob.from_json(json.loads(path.read_text()))
+
+
+class TrlLocal:
+    name = "trl_local"
+
+    def check(self, train: Train, hardware: Hardware) -> None:
+        if hardware.accelerator == "cpu" and hardware.nodes != 1:
+            raise XtrainError(
+                "train.backend trl_local runs CPU training on one node: set hardware.nodes: 1 (more CPU processes "
+                "with hardware.processes), or train on GPUs"
+            )
+
+    def run(self, job: TrainJob) -> TrainResult:
+        hardware = job.hardware
+        where = placement(job.plan, hardware)
+        check_nodes(hardware, dict(os.environ))
+        if where.device == "cpu" and hardware.devices == 1:
+            return train_and_save(job, where)
+        job.work_dir.mkdir(parents=True, exist_ok=True)
+        job_file, result_file = job.work_dir / JOB_FILE, job.work_dir / RESULT_FILE
+        result_file.unlink(missing_ok=True)
+        write_job(job, job_file)
+        env = {}
+        if where.device == "cpu":
+            # torchrun would give each worker one thread; they share the job's cores instead.
+            env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // hardware.processes))
+        python = lane_python(self.name, "trl")
+        run_command(torchrun_command(python, hardware, job_file, dict(os.environ)), env=env)
+        if not result_file.is_file():
+            raise XtrainError(f"the trl_local workers exited without writing {result_file}; see the log above")
+        result = json.loads(result_file.read_text())
+        return TrainResult(result["log_history"], result["tokens_seen"], result["train_seconds"])
+
+
+def worker(job_file: Path) -> None:
+    """One torchrun worker: train its share; the main process reports the result to the launcher."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    job = read_job(job_file)
+    result = train_and_save(job, placement(job.plan, job.hardware))
+    if int(os.environ.get("RANK", "0")) == 0:
+        (job.work_dir / RESULT_FILE).write_text(json.dumps(
+            {"log_history": result.log_history, "tokens_seen": result.tokens_seen,
+             "train_seconds": result.train_seconds}
+        ))
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]))

@@ -1,0 +1,34 @@
+"""Everything checked about a recipe before any job runs: its schema, its paths, its batch layout and
+what its backend can honour.
+
+The workflow (rules/common.smk) runs `preflight` on every recipe as it starts, so a mistake costs no
+compute; a failure is a `RecipeError` that names the recipe file, the field and what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from .backends import get_backend
+from .errors import XtrainError
+from .paths import check_recipe_paths
+from .plan import check_micro_batch
+from .recipe import Recipe, RecipeError, load_recipe
+
+log = logging.getLogger(__name__)
+
+
+def preflight(path: str | Path, project: Path, allowed: Iterable[str] = (), built: Iterable[str] = ()) -> Recipe:
+    """Load and check one recipe file; `allowed` and `built` as in `paths.check_recipe_paths`."""
+    recipe = load_recipe(path)
+    check_recipe_paths(recipe, str(path), project, allowed, built)
+    try:
+        check_micro_batch(recipe.train, recipe.hardware)
+        get_backend(recipe.train.backend).check(recipe.train, recipe.hardware)
+    except XtrainError as exc:  # these name the field; the recipe file is added here
+        raise RecipeError(f"{path}: {exc}") from None
+    if recipe.model.trust_remote_code:
+        log.warning("%s: model.trust_remote_code is set: the Python code in %s will run", path, recipe.model.path)
+    return recipe

@@ -1,0 +1,142 @@
+"""torchtune components of the `torchtune` lane; this module runs inside torchtune's own environment.
+
+The lane's config names these by `_component_` and puts this file's folder on PYTHONPATH. They let
+torchtune train on xtrain's prepared tokens (so every lane sees the same data and loss mask), give its
+recipe the pad id of the model's own tokenizer, and run the recipe's learning-rate schedule. Only the
+standard library, torch and torchtune are imported here: xtrain itself is not installed in that environment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset
+
+IGNORE = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX
+SAMPLER_SEED = 0  # torchtune 0.6.1's recipes build their sampler with seed=0, whatever the config's seed
+
+
+def row_order(rows: int, seed: int) -> list[int]:
+    """The order the dataset presents the prepared rows in: a permutation by the recipe's seed, so that
+    train.seed changes the data order as in the other lanes (torchtune's own sampler ignores the seed)."""
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return torch.randperm(rows, generator=generator).tolist()
+
+
+def rows_trained(rows: int, seed: int, epochs: int, rows_per_epoch: int) -> list[int]:
+    """The prepared rows (indices into train.parquet) torchtune trains on, in order: each epoch its sampler
+    draws randperm(rows) seeded SAMPLER_SEED + epoch over our seed-ordered dataset, and the epoch ends after
+    `rows_per_epoch` rows (whole optimizer steps)."""
+    order = row_order(rows, seed)
+    trained = []
+    for epoch in range(epochs):
+        generator = torch.Generator()
+        generator.manual_seed(SAMPLER_SEED + epoch)
+        trained += [order[i] for i in torch.randperm(rows, generator=generator).tolist()[:rows_per_epoch]]
+    return trained
+
+
+class PreparedTokens(Dataset):
+    """Rows of xtrain's prepared `train.parquet`: tokens, and labels that are the tokens where
+    `assistant_masks` is 1 and IGNORE elsewhere (torchtune's recipe shifts them by one itself).
+
+    Packed rows (a `seq_lengths` column) come as torchtune's pack format, as its PackedDataset makes it:
+    tensors padded to `seq_len` (pad id, labels IGNORE, the padding one more "sequence"), positions that
+    restart at each sequence, and `seq_lens`, from which `padded_collate_packed` builds the block-causal
+    mask, so sequences sharing a row do not attend to each other.
+    """
+
+    def __init__(self, path: str, packed: bool = False, seed: int = 0, seq_len: int | None = None, pad_id: int = 0):
+        table = pq.read_table(path)
+        columns = set(table.column_names)
+        if packed != ("seq_lengths" in columns):
+            raise ValueError(f"{path}: dataset.packed is {packed} but the rows are {'' if not packed else 'not '}packed")
+        if packed and not seq_len:
+            raise ValueError(f"{path}: packed rows need dataset.seq_len, the length torchtune pads each pack to")
+        self.packed, self.seq_len, self.pad_id = packed, seq_len, pad_id
+        self.rows = table.select(["input_ids", "assistant_masks"] + (["seq_lengths"] if packed else [])).to_pylist()
+        self.order = row_order(len(self.rows), seed)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        row = self.rows[self.order[index]]
+        tokens = row["input_ids"]
+        labels = [token if mask else IGNORE for token, mask in zip(tokens, row["assistant_masks"])]
+        if not self.packed:
+            return {"tokens": tokens, "labels": labels}
+        padding = self.seq_len - len(tokens)
+        positions = [position for length in row["seq_lengths"] for position in range(length)]
+        # As torchtune's PackedDataset pads: positions go on counting (capped at seq_len - 1).
+        positions += [min(positions[-1] + 1 + i, self.seq_len - 1) for i in range(padding)]
+        return {
+            "tokens": torch.tensor(tokens + [self.pad_id] * padding),
+            "labels": torch.tensor(labels + [IGNORE] * padding),
+            "input_pos": torch.tensor(positions),
+            "seq_lens": torch.tensor(list(row["seq_lengths"]) + ([padding] if padding else [])),
+        }
+
+
+def prepared_dataset(tokenizer, path: str, packed: bool = False, seed: int = 0, seq_len: int | None = None):
+    """torchtune instantiates datasets with the tokenizer first; the tokens are already prepared, so it
+    only gives the pad id of packed rows."""
+    return PreparedTokens(path, packed, seed, seq_len, tokenizer.pad_id)
+
+
+class SpecialTokens:
+    """The ids torchtune's recipe reads from its tokenizer (pad and end of sequence), taken from the model's
+    Hugging Face tokenizer files. The data is already tokenized, so nothing here encodes text."""
+
+    def __init__(self, path: str):
+        folder = Path(path)
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        vocab = json.loads((folder / "tokenizer.json").read_text())
+        ids = {token["content"]: token["id"] for token in vocab.get("added_tokens", [])}
+        ids.update(vocab["model"]["vocab"])
+
+        def token_id(name: str) -> int | None:
+            token = config.get(name)
+            return ids[token] if token is not None else None
+
+        self.eos_id = token_id("eos_token")
+        self.bos_id = token_id("bos_token")
+        pad = token_id("pad_token")
+        self.pad_id = pad if pad is not None else self.eos_id
+        self.max_seq_len = None
+
+
+def special_tokens(path: str) -> SpecialTokens:
+    return SpecialTokens(path)
+
+
+def lr_scheduler(
+    optimizer: torch.optim.Optimizer,
+    num_training_steps: int,
+    schedule: str,
+    warmup_ratio: float = 0.0,
+    last_epoch: int = -1,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The recipe's schedule with the formulas of transformers' get_scheduler, so that every lane walks
+    the same learning-rate curve: linear warmup over ceil(ratio x steps), then linear decay to 0, half a
+    cosine to 0, or constant (`constant` has no warmup)."""
+    warmup = 0 if schedule == "constant" else math.ceil(num_training_steps * warmup_ratio)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        if schedule in ("constant", "constant_with_warmup"):
+            return 1.0
+        progress = (step - warmup) / max(1, num_training_steps - warmup)
+        if schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        if schedule == "cosine":
+            return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+        raise ValueError(f"unknown lr schedule {schedule!r}")
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch)

@@ -1,0 +1,233 @@
+"""The demo recipe's evaluation outputs, checked against independent computations, and its report in Chromium.
+
+One build of the demo (snakemake up to the gate) serves every test here. eval.json is recomputed with
+plain per-row loops that share no code with `xtrain.evaluate`; report.html is opened in headless Chromium
+(Debian's `chromium`, installed when missing and running as root, as CI does).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
+
+pytestmark = pytest.mark.slow
+
+# The demo recipe plus a local lm-evaluation-harness task (tests/data/lm_eval, copied into the project).
+DEMO = (REPO / "recipes" / "demo.yaml").read_text() + "  lm_eval: {tasks: [demo_capitals], include_path: lm_eval_tasks}\n"
+TASKS = REPO / "tests/data/lm_eval"
+# Reports the status of every image into the DOM once the page has loaded (added to a copy of the page).
+IMAGE_PROBE = """<script>window.addEventListener('load', () => {
+  const images = [...document.images].map(i => i.complete && i.naturalWidth > 0 && i.naturalHeight > 0);
+  document.body.setAttribute('data-images', JSON.stringify(images));
+});</script>"""
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    root = copy_workflow(tmp_path_factory.mktemp("report"), {"demo": DEMO})
+    shutil.copytree(TASKS, root / "lm_eval_tasks")
+    snakemake(root, "--cores", "2", timeout=1500)  # ~2 min on a quiet machine; shared machines are slower
+    return root
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    found = shutil.which("chromium")
+    if found is None and os.geteuid() == 0:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env)
+        found = shutil.which("chromium")
+    if found is None:
+        pytest.skip("Debian's chromium is not installed and installing it needs root")
+    return found
+
+
+def plain_loss(model, rows) -> tuple[float, int]:
+    """Summed NLL of every supervised token given the ones before it, one row at a time."""
+    import torch
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids, mask in rows:
+            log_probs = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+            for t in range(1, len(ids)):
+                if mask[t]:
+                    total -= log_probs[t - 1, ids[t]].item()
+                    count += 1
+    return total, count
+
+
+def plain_greedy(model, prompt: list[int], stops: set[int], limit: int) -> tuple[list[int], bool]:
+    """Greedy decoding by re-running the whole sequence for each new token (no cache, no padding)."""
+    import torch
+
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(limit):
+            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            ids.append(token)
+            if token in stops:
+                return ids[len(prompt):], True
+    return ids[len(prompt):], False
+
+
+def words_f1(answer: str, reference: str) -> float:
+    a, r = answer.lower().split(), reference.lower().split()
+    if not a or not r:
+        return float(a == r)
+    same = sum((Counter(a) & Counter(r)).values())
+    return 0.0 if same == 0 else 2 * same / (len(a) + len(r))
+
+
+def choice_accuracy(model, tokenizer) -> float:
+    """The harness's multiple-choice `acc`: the choice with the highest log-likelihood after " " wins."""
+    import torch
+
+    docs = [json.loads(line) for line in (TASKS / "capitals.jsonl").read_text().splitlines()]
+    right = 0
+    with torch.no_grad():
+        for doc in docs:
+            context = tokenizer(doc["question"], add_special_tokens=False)["input_ids"]
+            scores = []
+            for choice in doc["choices"]:
+                whole = tokenizer(doc["question"] + " " + choice, add_special_tokens=False)["input_ids"]
+                log_probs = torch.log_softmax(model(torch.tensor([whole])).logits[0].double(), dim=-1)
+                scores.append(sum(log_probs[t - 1, whole[t]].item() for t in range(len(context), len(whole))))
+            right += max(range(len(scores)), key=scores.__getitem__) == doc["answer"]
+    return right / len(docs)
+
+
+def test_every_eval_metric_matches_an_independent_computation(demo):
+    import pyarrow.parquet as pq
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from xtrain.recipe import EVAL_METRICS
+
+    metrics = json.loads((demo / "reports/demo/eval.json").read_text())
+    records = json.loads((demo / "reports/demo/generations.json").read_text())
+    assert set(metrics) == set(EVAL_METRICS) | {"base_lm_demo_capitals_acc", "tuned_lm_demo_capitals_acc"}
+    assert all(isinstance(value, int | float) for value in metrics.values())  # flat, for dvc metrics
+
+    split = pq.read_table(demo / "prepared/demo/eval.parquet").to_pylist()
+    rows = [(r["input_ids"], r["assistant_masks"]) for r in split]
+    tokenizer = AutoTokenizer.from_pretrained(demo / "checkpoints/demo")
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    stops = {end_of_turn, tokenizer.eos_token_id}
+    # The 8 eval rows first by content hash whose last assistant answer ends with <|im_end|>.
+    asked = []
+    for row in sorted(split, key=lambda r: r["row_hash"]):
+        ids, mask = row["input_ids"], row["assistant_masks"]
+        last = max(i for i, bit in enumerate(mask) if bit)
+        first = last
+        while mask[first - 1]:
+            first -= 1
+        if ids[last] == end_of_turn and first > 0:
+            asked.append((row["row_hash"], ids[:first], ids[first:last]))
+    asked = asked[:8]
+    assert metrics["eval_rows"] == len(split) == 48
+    assert [r["row_hash"] for r in records] == [h for h, _, _ in asked]
+
+    models = {
+        "base": AutoModelForCausalLM.from_pretrained(demo / "models/tiny-llama", dtype=torch.float32),
+        "tuned": PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(demo / "models/tiny-llama", dtype=torch.float32),
+            demo / "checkpoints/demo"),
+    }
+    for name, model in models.items():
+        model.eval()
+        total, count = plain_loss(model, rows)
+        assert metrics["eval_supervised_tokens"] == count
+        assert metrics[f"{name}_loss"] == pytest.approx(total / count, rel=1e-4)
+        assert metrics[f"{name}_perplexity"] == pytest.approx(math.exp(total / count), rel=1e-4)
+        exact, f1, stopped = 0, 0.0, 0
+        for record, (_, prompt, reference) in zip(records, asked):
+            new, stop = plain_greedy(model, prompt, stops, 48)
+            text = tokenizer.decode(new, skip_special_tokens=True).strip()
+            want = tokenizer.decode(reference).strip()
+            assert record["reference"] == want
+            assert record[name]["text"] == text and record[name]["stopped"] == stop
+            exact += " ".join(text.lower().split()) == " ".join(want.lower().split())
+            f1 += words_f1(text, want)
+            stopped += stop
+        assert metrics["generations"] == len(asked)
+        assert metrics[f"{name}_exact_match"] == pytest.approx(exact / len(asked))
+        assert metrics[f"{name}_token_f1"] == pytest.approx(f1 / len(asked))
+        assert metrics[f"{name}_stop_rate"] == pytest.approx(stopped / len(asked))
+        assert metrics[f"{name}_lm_demo_capitals_acc"] == pytest.approx(choice_accuracy(model, tokenizer))
+    assert metrics["loss_improvement"] == pytest.approx(metrics["base_loss"] - metrics["tuned_loss"])
+
+
+def render(chromium: str, page: Path, tmp_path: Path) -> tuple[dict, str, Path]:
+    """Load a copy of `page` (with the image probe) headless: the images' status, the console log, a screenshot."""
+    probed = tmp_path / page.name
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", IMAGE_PROBE + "</body>"), encoding="utf-8")
+    base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+            "--window-size=1200,2400", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*base, "--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=120)
+    shot = tmp_path / "shot.png"
+    subprocess.run([*base, f"--screenshot={shot}", probed.as_uri()], capture_output=True, timeout=120, check=True)
+    start = dom.stdout.index("data-images=")
+    images = json.loads(dom.stdout[start:].split('"', 2)[1].replace("&quot;", '"'))
+    console = "\n".join(line for line in dom.stderr.splitlines() if "CONSOLE" in line)
+    return {"images": images}, console, shot
+
+
+def test_render_check_catches_broken_images_and_console_errors(chromium, tmp_path):
+    """The check below can fail: a page with a broken image and a script error is caught."""
+    page = tmp_path / "broken.html"
+    page.write_text('<html><body><img src="data:image/png;base64,AAAA"><script>console.error("boom")</script></body></html>')
+    status, console, _ = render(chromium, page, tmp_path)
+    assert status["images"] == [False]
+    assert "boom" in console
+
+
+def test_report_renders_in_chromium_with_every_plot_loaded(demo, chromium, tmp_path):
+    from PIL import Image
+
+    page = demo / "reports/demo/report.html"
+    text = page.read_text(encoding="utf-8")
+    assert "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text  # nothing fetched
+    status, console, shot = render(chromium, page, tmp_path)
+    assert status["images"] == [True, True, True]  # metrics, training curves, token lengths
+    assert console == ""
+    with Image.open(shot) as image:
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert image.size == (1200, 2400) and colours is not None and len(colours) > 50  # not a blank page
+    for heading in ("Base vs tuned", "Sample answers", "Training", "Plan: predicted vs measured", "Data", "Recipe"):
+        assert f"<h2>{heading}" in text
+    assert "Gate: loss_improvement" in text
+    for plot in ("metrics", "training", "lengths"):
+        assert (demo / f"reports/demo/plots/{plot}.svg").read_bytes().startswith(b"<?xml")
+
+
+def test_snakemake_report_and_compare_page(demo, tmp_path):
+    snakemake(demo, "--report", str(tmp_path / "snakemake.html"))
+    assert (tmp_path / "snakemake.html").stat().st_size > 10_000
+    snakemake(demo, "compare", "--cores", "1")
+    compare = (demo / "reports/compare.html").read_text()
+    assert 'href="demo/report.html"' in compare and "tuned_loss" in compare
+
+
+def test_failing_gate_fails_the_job_and_keeps_the_report(demo):
+    recipe = demo / "recipes/demo.yaml"
+    recipe.write_text(DEMO.replace("loss_improvement: {min: 0}", "tuned_loss: {max: 0.5}"))
+    result = snakemake(demo, "--cores", "2", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert scheduled_jobs(output) == {("report", "demo"), ("gate", "demo")}
+    assert "tuned_loss = " in output and "must be at most 0.5): FAILS by" in output
+    assert (demo / "reports/demo/eval.json").is_file() and (demo / "reports/demo/generations.json").is_file()
+    assert "Gate: tuned_loss" in (demo / "reports/demo/report.html").read_text()
+    assert not (demo / "reports/demo/gate.json").exists()

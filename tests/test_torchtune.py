@@ -1,0 +1,267 @@
+"""The torchtune lane: the translation (checked by `tune validate`), and a real few-step run of the tiny
+recipe in torchtune's own environment, against trl_cpu's run of the same recipe."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from checkpoint_contract import assert_checkpoint_contract
+from conftest import REPO, build_run
+from xtrain.artifacts import read_json
+from xtrain.backends import TrainJob, get_backend
+from xtrain.backends import torchtune as lane
+from xtrain.envs import VENVS, build
+from xtrain.errors import XtrainError
+from xtrain.launch import run_command
+from xtrain.recipe import Hardware, Lora, Train
+
+SPEC = REPO / "envs" / "torchtune.yaml"
+# Dropout off and one logged loss per step, so the first step's loss is the base model's loss on a batch.
+STEPS = 4
+
+
+def tiny_train(backend: str) -> Train:
+    return Train(backend=backend, method="lora", lora=Lora(r=8, alpha=16, dropout=0.0), global_batch_size=4,
+                 max_steps=STEPS, learning_rate=5e-3, logging_steps=1)
+
+
+@pytest.fixture(scope="module")
+def torchtune_env(monkeypatch_module) -> None:
+    """torchtune's environment in the work tree's `.venvs/torchtune`, built once and reused while its
+    ready.json records this spec's hash."""
+    monkeypatch_module.chdir(REPO)  # lane_python looks for .venvs/ under the working directory
+    ready = VENVS / "torchtune" / "ready.json"
+    if not ready.is_file() or json.loads(ready.read_text())["sha256"] != hashlib.sha256(SPEC.read_bytes()).hexdigest():
+        build(SPEC, VENVS / "torchtune")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fp32_plans(monkeypatch_module):
+    """Both lanes train in fp32 here, whatever this CPU offers: the plan would pick bf16 on a CPU with
+    native bf16, which trl_cpu runs as autocast and torchtune as bf16 weights, and the logits comparison
+    below is exact only in fp32 (the lane's own check allows for bf16 rounding)."""
+    monkeypatch_module.setattr("xtrain.plan.cpu_supports_bf16", lambda: False)
+
+
+@pytest.fixture(scope="module")
+def trl_reference(tiny_model, tmp_path_factory):
+    return build_run(tmp_path_factory.mktemp("trl"), tiny_model, tiny_train("trl_cpu"))
+
+
+@pytest.fixture(scope="module")
+def tune_run(tiny_model, tmp_path_factory, torchtune_env, monkeypatch_module):
+    """The tiny recipe through the torchtune lane. torchtune's own output (its merged weights) is copied
+    aside while the lane exports it, since run_training removes the work folder once the checkpoint is done."""
+    kept = tmp_path_factory.mktemp("torchtune-output")
+    export = lane.export_checkpoint
+
+    def keep_and_export(epoch_dir: Path, *args):
+        shutil.copytree(epoch_dir, kept, dirs_exist_ok=True)
+        return export(epoch_dir, *args)
+
+    monkeypatch_module.setattr(lane, "export_checkpoint", keep_and_export)
+    run = build_run(tmp_path_factory.mktemp("torchtune"), tiny_model, tiny_train("torchtune"))
+    return {**run, "torchtune_output": kept}
+
+
+@pytest.mark.slow
+def test_torchtune_trains_the_tiny_recipe_into_the_checkpoint_contract(tune_run, trl_reference, tiny_model):
+    assert json.loads(tune_run["plan"].read_text())["precision"] == "fp32"
+    metrics = assert_checkpoint_contract(tune_run["checkpoint"], tiny_model, "torchtune")
+    assert [entry["step"] for entry in metrics["loss"]] == list(range(1, STEPS + 1))
+    assert metrics["tokens_seen"] > 0
+    reference = json.loads((trl_reference["checkpoint"] / "train_metrics.json").read_text())
+    # The first step's loss is the base model's loss on the first batch (the adapters start at zero). The
+    # lanes draw different first batches (torchtune: its sampler's seed-0 permutation over our seeded row
+    # order; TRL: its length-grouped sampler), so this compares the same model on two samples of the same
+    # prepared data: on the random-init tiny model the loss is near ln(vocab) for any batch.
+    first, first_reference = metrics["loss"][0]["loss"], reference["loss"][0]["loss"]
+    assert first == pytest.approx(first_reference, rel=0.02)
+    report = json.loads(tune_run["report"].read_text())
+    assert report["tuned_loss"] < report["base_loss"]
+
+
+@pytest.mark.slow
+def test_the_exported_adapter_gives_the_model_torchtune_trained(tune_run, tiny_model):
+    """Logits of base + the exported PEFT adapter (loaded as a user would) against the weights torchtune
+    merged itself: the adapter export must not permute or scale anything differently."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    checkpoint, output = tune_run["checkpoint"], tune_run["torchtune_output"]
+    assert not (checkpoint / "model.safetensors").exists(), "only the adapter: merged weights would apply it twice"
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), checkpoint).eval()
+    merged = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    state = {}
+    for path in output.glob("model-*.safetensors"):
+        state.update(load_file(str(path)))
+    missing, unexpected = merged.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embeddings
+    tokens = torch.tensor([list(range(3, 40))])
+    with torch.no_grad():
+        expected, got = merged(tokens).logits, tuned(tokens).logits
+    base = AutoModelForCausalLM.from_pretrained(tiny_model).eval()(tokens).logits
+    assert (expected - base).abs().max() > 1e-3, "training changed the model"
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()
+
+
+@pytest.mark.slow
+def test_tune_validate_accepts_the_full_fine_tune_translation(tiny_model, trl_reference, torchtune_env, tmp_path):
+    train = Train(backend="torchtune", method="full", global_batch_size=4, epochs=2, lr_scheduler="linear",
+                  warmup_ratio=0.1, weight_decay=0.01)
+    plan = read_json(trl_reference["plan"])
+    rows = read_json(trl_reference["prepared"] / "manifest.json")["splits"]["train"]["rows"]
+    layout = plan["layout"]
+    steps_per_epoch = rows // layout["micro_batch_size"] // layout["gradient_accumulation_steps"]
+    plan["time"]["steps"] = 2 * steps_per_epoch  # what the plan gives for epochs: 2 when no row is left over
+    job = TrainJob(tiny_model, trl_reference["prepared"], plan, train, Hardware(), tmp_path / "out", tmp_path, None)
+    config = lane.torchtune_config(job, rows, packed=False)
+    assert config["model"]["_component_"].endswith("llama3_2") and "lora_rank" not in config["model"]
+    assert config["model"]["scale_factor"] == 1 and config["model"]["tie_word_embeddings"] is True
+    assert config["epochs"] == 2 and config["max_steps_per_epoch"] is None
+    path = tmp_path / "torchtune.yaml"
+    path.write_text(yaml.safe_dump(config))
+    python = lane.lane_python("torchtune", "torchtune")
+    run_command([python, "-m", "torchtune._cli.tune", "validate", str(path)], env={"PYTHONPATH": str(lane.COMPONENTS)})
+
+
+def test_lora_targets_map_to_torchtune_names_or_are_refused():
+    assert lane.lora_layout(["q_proj", "v_proj", "o_proj"]) == (["q_proj", "v_proj", "output_proj"], False)
+    assert lane.lora_layout(["all-linear"]) == (["q_proj", "k_proj", "v_proj", "output_proj"], True)
+    assert lane.lora_layout(["q_proj", "gate_proj", "up_proj", "down_proj"]) == (["q_proj"], True)
+    with pytest.raises(XtrainError, match="adapts the MLP's gate_proj, up_proj, down_proj together"):
+        lane.lora_layout(["q_proj", "up_proj"])
+    with pytest.raises(XtrainError, match=r"\['lm_head'\]"):
+        lane.lora_layout(["lm_head"])
+
+
+def test_check_refuses_what_the_single_device_recipes_cannot_run():
+    backend = get_backend("torchtune")
+    backend.check(Train(backend="torchtune"), Hardware())
+    backend.check(Train(backend="torchtune"), Hardware(accelerator="cuda", gpus=1))
+    with pytest.raises(XtrainError, match="nodes: 1 and gpus: 0 or 1"):
+        backend.check(Train(backend="torchtune"), Hardware(accelerator="cuda", gpus=8))
+    with pytest.raises(XtrainError, match="accelerator cpu or cuda"):
+        backend.check(Train(backend="torchtune"), Hardware(accelerator="rocm", gpus=1))
+    with pytest.raises(XtrainError, match="together"):
+        backend.check(Train(backend="torchtune", lora=Lora(target_modules=["down_proj"])), Hardware())
+
+
+def test_steps_become_whole_epochs_or_a_cap_within_one():
+    assert lane.epochs_and_cap(3, 10) == (1, 3)
+    assert lane.epochs_and_cap(20, 10) == (2, None)
+    with pytest.raises(XtrainError, match="1.50 epochs of 10 steps"):
+        lane.epochs_and_cap(15, 10)
+
+
+def test_metric_log_becomes_trainer_style_history(tmp_path):
+    log = tmp_path / "log_1.txt"
+    log.write_text("".join(f"Step {step} | loss:{step}.0 lr:0.1 tokens_per_second_per_gpu:10.0 grad_norm:1.0\n"
+                           for step in range(1, 8)))
+    history = lane.log_history(log, logging_steps=3)
+    # step 1 alone, then the mean since the last entry at 3, 6, and the last step (7).
+    assert [(entry["step"], entry["loss"]) for entry in history] == [(1, 1.0), (3, 2.5), (6, 5.0), (7, 7.0)]
+    log.write_text("nothing\n")
+    with pytest.raises(XtrainError, match="logged no training step"):
+        lane.log_history(log, logging_steps=1)
+
+
+@pytest.fixture(scope="module")
+def packed_prepared(tiny_model, tmp_path_factory) -> Path:
+    from xtrain.data import prepare
+    from xtrain.recipe import Data, DataSource
+
+    data = Data(sources=[DataSource(path=str(REPO / "data/demo/chat.jsonl"))], seq_len=128, packing=True)
+    out = tmp_path_factory.mktemp("packed") / "prepared"
+    prepare([REPO / "data/demo/chat.jsonl"], tiny_model, data, out)
+    return out
+
+
+def test_dataset_component_gives_torchtune_the_prepared_tokens(packed_prepared):
+    """Packed rows in torchtune's pack format (a run on them was checked by hand: see docs/backends.md)."""
+    import pyarrow.parquet as pq
+
+    tt = lane.components()
+    path = str(packed_prepared / "train.parquet")
+    rows = pq.read_table(path).to_pylist()
+    dataset = tt.PreparedTokens(path, packed=True, seed=3, seq_len=128, pad_id=99)
+    assert len(dataset) == len(rows)
+    row = rows[dataset.order[0]]
+    sample = dataset[0]
+    used = len(row["input_ids"])
+    assert sample["tokens"].tolist() == row["input_ids"] + [99] * (128 - used)
+    assert sample["labels"][:used].tolist() == [t if m else -100 for t, m in zip(row["input_ids"], row["assistant_masks"])]
+    assert set(sample["labels"][used:].tolist()) <= {-100}
+    assert sample["seq_lens"].sum() == 128 and sample["seq_lens"][: len(row["seq_lengths"])].tolist() == row["seq_lengths"]
+    assert sample["input_pos"][: row["seq_lengths"][0]].tolist() == list(range(row["seq_lengths"][0]))
+    assert tt.PreparedTokens(path, packed=True, seed=4, seq_len=128).order != dataset.order, "the seed orders the rows"
+    with pytest.raises(ValueError, match="dataset.packed is False but the rows are packed"):
+        tt.PreparedTokens(path, packed=False)
+
+
+def test_rows_trained_follow_torchtunes_sampler():
+    """torchtune 0.6.1 draws from a DistributedSampler(num_replicas=1, seed=0) subclass, reseeded by epoch."""
+    from torch.utils.data import DistributedSampler
+
+    tt = lane.components()
+    order = tt.row_order(10, seed=5)
+    sampler = DistributedSampler(range(10), num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=True)
+    expected = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        expected += [order[i] for i in list(sampler)[:8]]
+    assert tt.rows_trained(10, seed=5, epochs=2, rows_per_epoch=8) == expected
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "constant", "constant_with_warmup"])
+def test_lr_scheduler_walks_transformers_curve(schedule):
+    from transformers import get_scheduler
+
+    tt = lane.components()
+    curves = []
+    for make in (lambda o: tt.lr_scheduler(o, 20, schedule, warmup_ratio=0.15),
+                 lambda o: get_scheduler(schedule, o, num_warmup_steps=0 if schedule == "constant" else 3,
+                                         num_training_steps=20)):
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        scheduler, curve = make(optimizer), []
+        for _ in range(20):
+            curve.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        curves.append(curve)
+    assert curves[0] == pytest.approx(curves[1], abs=1e-12)
+
+
+def test_a_non_finite_loss_stops_the_lane_before_any_checkpoint(tiny_model, packed_prepared, tmp_path, monkeypatch):
+    """torchtune itself steps on NaN gradients; the lane reads its log and refuses to export."""
+    from xtrain.plan import make_plan
+
+    train = Train(backend="torchtune", global_batch_size=4, max_steps=2, logging_steps=1)
+    plan = make_plan(tiny_model, read_json(packed_prepared / "manifest.json"), train, Hardware())
+    job = TrainJob(tiny_model, packed_prepared, plan, train, Hardware(), tmp_path / "out", tmp_path / "runs", None)
+
+    def fake_torchtune(command, **kwargs):  # what `tune run` leaves when the loss blows up at step 2
+        if "run" in command:
+            logs = tmp_path / "runs" / "torchtune" / "logs"
+            logs.mkdir(parents=True)
+            (logs / "log_1.txt").write_text("Step 1 | loss:6.9 lr:0.0002\nStep 2 | loss:nan lr:0.0002\n")
+
+    monkeypatch.setattr(lane, "lane_python", lambda backend, module: "python")
+    monkeypatch.setattr(lane, "run_command", fake_torchtune)
+    with pytest.raises(XtrainError, match="NaN or infinite by step 2"):
+        get_backend("torchtune").run(job)
+    assert not (tmp_path / "out").exists()
