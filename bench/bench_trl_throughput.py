@@ -1,6 +1,6 @@
 """Is the trl_cpu lane as fast as plain PyTorch? Its tokens/s against a minimal hand-written loop.
 
-    .venv/bin/python bench/bench_trl_throughput.py    # ~6 min on 2 cores; prints the table for BENCHMARKS.md
+    .venv/bin/python bench/bench_trl_throughput.py [--rounds N]   # ~5 min per round on 2 quiet cores
 
 The 27.4M Llama of FIELD-NOTES' CPU throughput reference (bench_plan.build_27m), random-init, with the demo
 tokenizer; rows of exactly 512 random tokens (no padding: both sides process the same tokens), the last
@@ -8,8 +8,9 @@ three quarters of each row supervised. Both sides do the same steps: micro-batch
 same precision, fp32 weights, torch AdamW (lr 1e-4, no weight decay), gradient clipping at 1.0 and a
 cosine schedule. The lane runs through `TrlCpu().run` (its real SFTConfig/SFTTrainer); the loop is
 forward with labels, backward, clip, step, schedule, zero_grad. Each measurement is its own process, the
-two sides alternate, and tokens/s is taken between the ends of step WARMUP and the last step, so that
-loading and the first steps' one-off costs count for neither.
+two sides alternate, and rates are taken between the ends of step WARMUP and the last step, so that
+loading and the first steps' one-off costs count for neither. Two rates: tokens per wall second, and
+tokens per CPU second of the process (all its threads), which other jobs on a shared machine disturb less.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from bench_plan import ROOT, build_27m
 
 sys.path.insert(0, str(ROOT / "src"))
-BATCH, SEQ, STEPS, WARMUP, ROUNDS = 4, 512, 12, 2, 2
+BATCH, SEQ, STEPS, WARMUP = 4, 512, 8, 2
 CONFIGS = [("full", "fp32"), ("lora", "bf16")]  # FIELD-NOTES: 624 and 1265 tokens/s on this machine
 
 
@@ -53,7 +54,18 @@ def build_inputs(folder: Path) -> Path:
     return model
 
 
-def lane_tokens_per_second(model: Path, prepared: Path, method: str, precision: str, work: Path) -> float:
+def rates(ends: list[tuple[float, float]]) -> dict[str, float]:
+    """Tokens per wall second and per CPU second between the end of step WARMUP and the last step."""
+    tokens = BATCH * SEQ * (STEPS - WARMUP)
+    (wall0, cpu0), (wall1, cpu1) = ends[WARMUP - 1], ends[-1]
+    return {"wall": tokens / (wall1 - wall0), "cpu": tokens / (cpu1 - cpu0)}
+
+
+def clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def lane_rates(model: Path, prepared: Path, method: str, precision: str, work: Path) -> dict[str, float]:
     from transformers import TrainerCallback
 
     import xtrain.backends.trl as lane
@@ -61,11 +73,11 @@ def lane_tokens_per_second(model: Path, prepared: Path, method: str, precision: 
     from xtrain.backends.trl_cpu import TrlCpu
     from xtrain.recipe import Hardware, Train
 
-    ends: list[float] = []
+    ends: list[tuple[float, float]] = []
 
     class StepClock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            ends.append(time.perf_counter())
+            ends.append(clock())
 
     shared = lane.callbacks
     lane.callbacks = lambda train: [*shared(train), StepClock()]  # timing only; the lane's own list is kept
@@ -77,10 +89,10 @@ def lane_tokens_per_second(model: Path, prepared: Path, method: str, precision: 
     job = TrainJob(model, prepared, plan, train, Hardware(), work / "out", work / "runs", None)
     job.out.mkdir(parents=True)
     TrlCpu().run(job)
-    return BATCH * SEQ * (STEPS - WARMUP) / (ends[-1] - ends[WARMUP - 1])
+    return rates(ends)
 
 
-def loop_tokens_per_second(model_dir: Path, prepared: Path, method: str, precision: str) -> float:
+def loop_rates(model_dir: Path, prepared: Path, method: str, precision: str) -> dict[str, float]:
     import torch
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
@@ -111,51 +123,54 @@ def loop_tokens_per_second(model_dir: Path, prepared: Path, method: str, precisi
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        ends.append(time.perf_counter())
-    return BATCH * SEQ * (STEPS - WARMUP) / (ends[-1] - ends[WARMUP - 1])
+        ends.append(clock())
+    return rates(ends)
 
 
-def measure(side: str, folder: Path, method: str, precision: str) -> float:
+def measure(side: str, folder: Path, method: str, precision: str) -> dict[str, float]:
     """One measurement in a fresh process (same allocator and thread-pool state for both sides)."""
     result = subprocess.run(
         [sys.executable, __file__, "--measure", side, str(folder), method, precision],
         capture_output=True, text=True, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
     )
-    return json.loads(result.stdout.strip().splitlines()[-1])["tokens_per_second"]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure", nargs=4, metavar=("SIDE", "FOLDER", "METHOD", "PRECISION"),
                         help="internal: one measurement in this process")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating measurements of each side per row")
     args = parser.parse_args()
     if args.measure:
         side, folder, method, precision = args.measure
         folder = Path(folder)
         if side == "lane":
             with tempfile.TemporaryDirectory() as work:
-                rate = lane_tokens_per_second(folder / "27m", folder / "prepared", method, precision, Path(work))
+                measured = lane_rates(folder / "27m", folder / "prepared", method, precision, Path(work))
         else:
-            rate = loop_tokens_per_second(folder / "27m", folder / "prepared", method, precision)
-        print(json.dumps({"tokens_per_second": rate}))
+            measured = loop_rates(folder / "27m", folder / "prepared", method, precision)
+        print(json.dumps(measured))
         return
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "prepared").mkdir()
         build_inputs(folder)
-        print(f"| method | precision | hand-written loop tokens/s | trl_cpu tokens/s | trl_cpu / loop |")
-        print("| --- | --- | --- | --- | --- |")
+        print("| method | precision | loop tokens/s | trl_cpu tokens/s | wall ratio | loop tokens/CPU-s | "
+              "trl_cpu tokens/CPU-s | CPU ratio |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for method, precision in CONFIGS:
-            rates = {"loop": [], "lane": []}
-            for _ in range(ROUNDS):
+            runs = {"loop": [], "lane": []}
+            for _ in range(args.rounds):
                 for side in ("loop", "lane"):
-                    rates[side].append(measure(side, folder, method, precision))
-            loop, lane = statistics.median(rates["loop"]), statistics.median(rates["lane"])
-            print(f"| {method} | {precision} | {loop:.0f} ({', '.join(f'{r:.0f}' for r in rates['loop'])}) | "
-                  f"{lane:.0f} ({', '.join(f'{r:.0f}' for r in rates['lane'])}) | {lane / loop:.1%} |", flush=True)
-    print(f"\n{ROUNDS} alternating rounds per row (median, each round's figure in brackets); "
-          f"{time.perf_counter() - started:.0f} s in all")
+                    runs[side].append(measure(side, folder, method, precision))
+            median = {side: {kind: statistics.median(r[kind] for r in runs[side]) for kind in ("wall", "cpu")}
+                      for side in runs}
+            print(f"| {method} | {precision} | {median['loop']['wall']:.0f} | {median['lane']['wall']:.0f} | "
+                  f"{median['lane']['wall'] / median['loop']['wall']:.1%} | {median['loop']['cpu']:.0f} | "
+                  f"{median['lane']['cpu']:.0f} | {median['lane']['cpu'] / median['loop']['cpu']:.1%} |", flush=True)
+    print(f"\n{args.rounds} alternating round(s) per row (median); {time.perf_counter() - started:.0f} s in all")
 
 
 if __name__ == "__main__":

@@ -70,16 +70,22 @@ def cpu_placement(plan: dict) -> Placement:
 
 
 def trainer_class():
-    """SFTTrainer, with length grouping done per optimizer step rather than per process.
+    """SFTTrainer, with two changes.
 
-    transformers groups rows of similar length in windows of one process's share of a step, so the rows a
-    step trains on would change with the process count; grouping over the global batch makes N processes
-    train on exactly the rows one process does, in the same order.
+    - Length grouping per optimizer step rather than per process: transformers groups rows of similar
+      length in windows of one process's share of a step, so the rows a step trains on would change with
+      the process count; grouping over the global batch makes N processes train on exactly the rows one
+      process does, in the same order.
+    - transformers' loss (the model's cross-entropy over full logits, summed over the step's supervised
+      tokens / their count) instead of TRL's tiled LM head. That head exists for TRL's entropy and token
+      accuracy metrics, which xtrain does not record; on the CPU it costs ~25% more time per forward and
+      backward (27M Llama, seq 512, BENCHMARKS.md), and the plan's memory trace models the plain path.
     """
+    from transformers import Trainer
     from transformers.trainer_pt_utils import LengthGroupedSampler
     from trl import SFTTrainer
 
-    class StepGroupedSFTTrainer(SFTTrainer):
+    class XtrainSFTTrainer(SFTTrainer):
         def _get_train_sampler(self, train_dataset=None):
             sampler = super()._get_train_sampler(train_dataset)
             if isinstance(sampler, LengthGroupedSampler):
@@ -87,7 +93,10 @@ def trainer_class():
                 sampler.batch_size = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
             return sampler
 
-    return StepGroupedSFTTrainer
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+    return XtrainSFTTrainer
 
 
 def fsdp_settings(plan: dict, model) -> dict:

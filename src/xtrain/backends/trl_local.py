@@ -146,16 +146,18 @@ class TrlLocal:
 
     def run(self, job: TrainJob) -> TrainResult:
         hardware = job.hardware
-        where = placement(job.plan, hardware)
-        check_nodes(hardware, dict(os.environ))
-        if where.device == "cpu" and hardware.devices == 1:
-            return train_and_save(job, where)
+        # Only the device's presence is checked here: this process opens no GPU context, the workers do.
+        device = found_device(hardware)
+        if device == "cpu":
+            where = cpu_placement(job.plan)  # a plan the CPU cannot run stops before any launch
+            if hardware.devices == 1:
+                return train_and_save(job, where)
         job.work_dir.mkdir(parents=True, exist_ok=True)
         job_file, result_file = job.work_dir / JOB_FILE, job.work_dir / RESULT_FILE
         result_file.unlink(missing_ok=True)
         write_job(job, job_file)
         env = {}
-        if where.device == "cpu":
+        if device == "cpu":
             # torchrun would give each worker one thread; they share the job's cores instead.
             env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // hardware.processes))
         python = lane_python(self.name, "trl")
