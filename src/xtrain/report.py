@@ -27,7 +27,7 @@ STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ddd;padding:.3em .6em;vertical-align:top}
-th{background:#f4f4f4;text-align:left} td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f4f4f4;text-align:left} .scroll{overflow-x:auto} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .banner{padding:.7em 1em;border-radius:6px;margin:.6em 0;font-weight:600}
 .good{background:#e6f4ea;color:#1e4620} .bad{background:#fdecea;color:#611a15} .warn{background:#fff4e5;color:#663c00}
 pre{white-space:pre-wrap;margin:0;font-size:.85em} img{max-width:100%} .better{color:#1e7b34} .worse{color:#b3261e}
@@ -141,7 +141,10 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
                          else f"<td>{c}</td>" for c in row) + "</tr>"
         for row in rows
     )
-    return "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + f"</tr>{cells}</table>"
+    # Long metric names may break after an underscore, so wide tables still fit the page.
+    heads = "".join(f"<th>{html.escape(h).replace('_', '_<wbr>')}</th>" for h in header)
+    return f'<div class="scroll"><table><tr>{heads}</tr>{cells}</table></div>'
+
 
 
 def _mib(value: float | None) -> float | None:
