@@ -97,6 +97,8 @@ BAD_RECIPES = [
     ("backend-cannot-train-on-gpus", "r", {"hardware": {"accelerator": "cuda", "gpus": 1}}, "hardware.accelerator",
      "set hardware.accelerator: cpu"),
     ("backend-runs-one-node", "r", {"hardware": {"nodes": 2}}, "hardware.nodes", "set hardware.nodes: 1"),
+    ("gate-on-unknown-metric", "r", {"eval": {"gate": {"tuned_accuracy": {"min": 0.5}}}}, "eval.gate",
+     "known metrics: "),
     ("backend-cannot-honour-the-device", "r", {"train": {"backend": "primus"}}, "hardware.accelerator",
      "set hardware.accelerator: rocm"),
     ("trust-remote-code-as-text", "r", {"model": {"trust_remote_code": "yes"}}, "model.trust_remote_code",
