@@ -4,15 +4,14 @@ reference run (once per session), and the lane environments, built once into the
 
 from __future__ import annotations
 
-import hashlib
-import json
+import fcntl
 
 import pytest
 import yaml
 
 from conftest import REPO, build_run
 from xtrain.artifacts import read_json
-from xtrain.envs import READY, build
+from xtrain.envs import build, is_built
 from xtrain.recipe import Train
 
 # A few steps of LoRA on the demo data, one logged loss per step.
@@ -31,10 +30,11 @@ def trl_cpu_reference(tiny_model, tmp_path_factory) -> dict:
 
 
 def ensure_lane_env(backend: str) -> None:
-    spec = REPO / "envs" / f"{backend}.yaml"
-    target = REPO / ".venvs" / backend
-    ready = target / READY
-    if ready.is_file() and json.loads(ready.read_text())["sha256"] == hashlib.sha256(spec.read_bytes()).hexdigest():
-        return
-    lanes = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["backends"]
-    build(spec, target, lanes[backend].get("uninstall", []))
+    """Build .venvs/<backend> unless it is a build of the current spec; one builder at a time (xdist workers)."""
+    spec, target = REPO / "envs" / f"{backend}.yaml", REPO / ".venvs" / backend
+    target.parent.mkdir(exist_ok=True)
+    with open(target.parent / f".{backend}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_built(spec, target):
+            lanes = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["backends"]
+            build(spec, target, lanes[backend].get("uninstall", []))

@@ -14,6 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from debian import ensure_installed
+
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 CONF = Path("/etc/slurm/slurm.conf")
 
@@ -22,14 +24,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def install() -> None:
-    if shutil.which("slurmctld") and shutil.which("munged"):
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", *PACKAGES], check=True, env=env)
 
 
 def slurm_conf(state: Path, cpus: int, memory_mb: int) -> str:
@@ -69,7 +63,8 @@ class Cluster:
         self.saved_conf = CONF.read_text() if CONF.exists() else None
 
     def start(self) -> None:
-        install()
+        if not ensure_installed(["slurmctld", "munged"], list(PACKAGES)):
+            raise RuntimeError("Slurm is not installed and installing it needs root")
         for sub in ("ctld", "spool"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
         memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 - 4096

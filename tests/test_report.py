@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 from collections import Counter
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
+from debian import ensure_installed
 
 pytestmark = pytest.mark.slow
 
@@ -41,15 +41,9 @@ def demo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    found = shutil.which("chromium")
-    if found is None and os.geteuid() == 0:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env)
-        found = shutil.which("chromium")
-    if found is None:
+    if not ensure_installed(["chromium"], ["chromium"]):
         pytest.skip("Debian's chromium is not installed and installing it needs root")
-    return found
+    return shutil.which("chromium")
 
 
 def plain_loss(model, rows) -> tuple[float, int]:

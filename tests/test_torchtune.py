@@ -3,7 +3,6 @@ recipe in torchtune's own environment, against trl_cpu's run of the same recipe.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -14,15 +13,14 @@ import yaml
 
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import REPO, build_run
+from lanes import ensure_lane_env
 from xtrain.artifacts import read_json
 from xtrain.backends import TrainJob, get_backend
 from xtrain.backends import torchtune as lane
-from xtrain.envs import VENVS, build
 from xtrain.errors import XtrainError
 from xtrain.launch import run_command
 from xtrain.recipe import Hardware, Lora, Train
 
-SPEC = REPO / "envs" / "torchtune.yaml"
 # Dropout off and one logged loss per step, so the first step's loss is the base model's loss on a batch.
 STEPS = 4
 
@@ -34,12 +32,8 @@ def tiny_train(backend: str) -> Train:
 
 @pytest.fixture(scope="module")
 def torchtune_env(monkeypatch_module) -> None:
-    """torchtune's environment in the work tree's `.venvs/torchtune`, built once and reused while its
-    ready.json records this spec's hash."""
     monkeypatch_module.chdir(REPO)  # lane_python looks for .venvs/ under the working directory
-    ready = VENVS / "torchtune" / "ready.json"
-    if not ready.is_file() or json.loads(ready.read_text())["sha256"] != hashlib.sha256(SPEC.read_bytes()).hexdigest():
-        build(SPEC, VENVS / "torchtune")
+    ensure_lane_env("torchtune")
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import json
 import logging
 import shutil
 import subprocess
@@ -56,8 +57,18 @@ def build(spec: Path, target: Path, uninstall: list[str] = ()) -> None:
     check = subprocess.run([*pip, "check"], capture_output=True, text=True)
     if check.returncode:
         log.warning("pip check in %s reports:\n%s", target, check.stdout.strip())
-    write_json(target / READY, {"spec": str(spec), "sha256": hashlib.sha256(spec.read_bytes()).hexdigest(),
+    write_json(target / READY, {"spec": str(spec), "sha256": spec_hash(spec),
                                 "uninstalled": list(uninstall)})
+
+
+def is_built(spec: Path, target: Path) -> bool:
+    """Whether `target` is a complete build of `spec` as it is now."""
+    ready = target / READY
+    return ready.is_file() and json.loads(ready.read_text())["sha256"] == spec_hash(spec)
+
+
+def spec_hash(spec: Path) -> str:
+    return hashlib.sha256(spec.read_bytes()).hexdigest()
 
 
 def lane_python(backend: str, module: str) -> str:
