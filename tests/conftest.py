@@ -10,15 +10,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
-import yaml
+# Under `pytest -n 2` (make test) two workers share the two cores: one thread each, or OpenMP's spinning
+# threads oversubscribe the machine. Set before anything imports torch; snakemake jobs inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from xtrain.artifacts import write_json
-from xtrain.data import prepare
-from xtrain.evaluate import evaluate
-from xtrain.plan import make_plan
-from xtrain.recipe import Data, DataSource, Eval, Hardware, Train
-from xtrain.train import run_training
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+from xtrain.artifacts import write_json  # noqa: E402
+from xtrain.data import prepare  # noqa: E402
+from xtrain.evaluate import evaluate  # noqa: E402
+from xtrain.plan import make_plan  # noqa: E402
+from xtrain.recipe import Data, DataSource, Eval, Hardware, Train  # noqa: E402
+from xtrain.train import run_training  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Caches (the plan's CPU probe, Hugging Face's) go to a fresh folder: tests neither read nor leave state in ~/.cache.
