@@ -60,6 +60,20 @@ class Backend(Protocol):
     def run(self, job: TrainJob) -> TrainResult: ...
 
 
+def require_one_cpu_process(backend: str, hardware: Hardware, why: str) -> None:
+    """`check` of a lane that trains in one process on the CPU: refuse GPUs, nodes and processes, with the fix."""
+    if hardware.accelerator != "cpu":
+        raise XtrainError(
+            f"train.backend {backend}: hardware.accelerator {hardware.accelerator!r} is not supported {why}: set "
+            "hardware.accelerator: cpu and gpus: 0, or use backend trl_local for GPUs"
+        )
+    if hardware.nodes != 1 or hardware.processes != 1:
+        raise XtrainError(
+            f"train.backend {backend} runs one process: set hardware.nodes: 1 and hardware.processes: 1, "
+            "or use backend trl_local"
+        )
+
+
 def _registry() -> dict[str, Backend]:
     from .axolotl import Axolotl
     from .primus import Primus

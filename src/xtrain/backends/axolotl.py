@@ -21,7 +21,7 @@ from ..envs import lane_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from . import TrainJob, TrainResult
+from . import TrainJob, TrainResult, require_one_cpu_process
 
 log = logging.getLogger(__name__)
 
@@ -132,17 +132,10 @@ class Axolotl:
     name = "axolotl"
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        if hardware.accelerator != "cpu":
-            raise XtrainError(
-                f"train.backend axolotl: hardware.accelerator {hardware.accelerator!r} is not supported yet; its "
-                "environment (envs/axolotl.yaml) is built and tested with the CPU torch only: set "
-                "hardware.accelerator: cpu, or use backend trl_local for GPUs"
-            )
-        if hardware.nodes != 1 or hardware.processes != 1:
-            raise XtrainError(
-                "train.backend axolotl runs one process: set hardware.nodes: 1 and hardware.processes: 1, "
-                "or use backend trl_local"
-            )
+        require_one_cpu_process(
+            self.name, hardware, "yet (its environment, envs/axolotl.yaml,"
+            " is built and tested with the CPU torch only)"
+        )
 
     def run(self, job: TrainJob) -> TrainResult:
         import pyarrow.parquet as pq

@@ -15,7 +15,7 @@ from ..envs import lane_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from . import TrainJob, TrainResult
+from . import TrainJob, TrainResult, require_one_cpu_process
 from .guards import COMPLETE_MARKER
 from .trl import cpu_placement, sft_arguments
 
@@ -26,17 +26,10 @@ class Unsloth:
     name = "unsloth"
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        if hardware.accelerator != "cpu":
-            raise XtrainError(
-                f"train.backend unsloth: hardware.accelerator {hardware.accelerator!r} is not supported yet; its "
-                "environment (envs/unsloth.yaml) is built and tested with the CPU torch only: set "
-                "hardware.accelerator: cpu, or use backend trl_local for GPUs"
-            )
-        if hardware.nodes != 1 or hardware.processes != 1:
-            raise XtrainError(
-                "train.backend unsloth runs one process: set hardware.nodes: 1 and hardware.processes: 1, "
-                "or use backend trl_local"
-            )
+        require_one_cpu_process(
+            self.name, hardware, "yet (its environment, envs/unsloth.yaml,"
+            " is built and tested with the CPU torch only)"
+        )
         if train.method == "lora" and train.lora.target_modules == ["all-linear"]:
             raise XtrainError(
                 "train.backend unsloth: train.lora.target_modules ['all-linear'] is not understood by Unsloth's "
