@@ -45,7 +45,6 @@ SECRETS = {name: f"planted-{name.lower()}-{uuid.uuid4().hex}"
            for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "OPENAI_API_KEY")}
 OUTPUT_DIRS = ("prepared", "plans", "checkpoints", "reports")
 CONSOLE: list[str] = []  # everything snakemake printed, scanned for the planted tokens at the end
-CHECKPOINT_BYTES: list[int] = []  # disk use of one trainer checkpoint, once measured
 
 
 def run(root: Path, *targets: str, fault: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -150,8 +149,6 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(proje
     assert "Traceback" not in log
     assert trainer_checkpoints(project) == {"checkpoint-2": True, "checkpoint-4": True}
     assert not (project / "checkpoints/small").exists()
-    saved = next((project / "runs/small").glob("*/checkpoint-2"))  # sizes the full disk of the next test
-    CHECKPOINT_BYTES.append(sum(p.stat().st_blocks * 512 for p in saved.rglob("*") if p.is_file()))
     # The poison was in memory only: the kept checkpoint resumes to the uninterrupted result.
     run(project, "checkpoints/small")
     assert Path(read_json(project / "checkpoints/small/manifest.json")["resumed_from"]).name == "checkpoint-4"
@@ -159,17 +156,20 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(proje
 
 
 def test_full_disk_while_saving_fails_clearly_and_keeps_the_previous_checkpoint(project, reference):
-    assert CHECKPOINT_BYTES, "runs after the NaN test, which measures a trainer checkpoint"
-    size = CHECKPOINT_BYTES[0]  # tmpfs counts whole pages, as st_blocks does
+    # Size the disk from one real trainer checkpoint: a run killed after its first save.
+    shutil.rmtree(project / "checkpoints/small", ignore_errors=True)
+    failing(project, "train_step:3", "checkpoints/small")
+    saved = next((project / "runs/small").glob("*/checkpoint-2"))
+    size = sum(p.stat().st_blocks * 512 for p in saved.rglob("*") if p.is_file())  # tmpfs counts whole pages
     runs = project / "runs"
-    runs.mkdir(exist_ok=True)
+    shutil.rmtree(runs)
+    runs.mkdir()
     # Room for one checkpoint and a half: the second save runs out of space part way.
     mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2}", "tmpfs", str(runs)],
                            capture_output=True, text=True)
     if mount.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs (needs root): {mount.stderr.strip()}")
     try:
-        shutil.rmtree(project / "checkpoints/small")
         failing(project, None, "checkpoints/small")
         log = (project / "logs/small/train.log").read_text()
         assert "recipes/small.yaml: " in log and "no space left on the device" in log, log
@@ -208,7 +208,7 @@ REFUSED = {
                "model.path '../../etc' resolves to", "allowed_paths"),
     "shell": ("model: {path: 'models/tiny-llama; touch PWNED-4'}\ndata: {sources: [{path: data/small/chat.jsonl}]}\n",
               "model.path 'models/tiny-llama; touch PWNED-4' is not a model folder", "point it at"),
-    "gpus": (SMALL + "hardware: {accelerator: cuda, gpus: 2}\n", "hardware.accelerator is 'cuda'", "use backend"),
+    "gpus": (SMALL + "hardware: {accelerator: cuda, gpus: 2}\n", "hardware.accelerator 'cuda' is not supported", "use backend trl_local"),
     "..dots": (SMALL, "recipe name '..dots'", "rename the file"),
 }
 

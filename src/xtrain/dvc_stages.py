@@ -1,8 +1,9 @@
 """Generate `dvc.yaml` from the recipes: DVC versions what Snakemake builds, without a second DAG.
 
-One DVC stage per recipe runs `snakemake reports/<recipe>/eval.json`; Snakemake alone decides which
-of that recipe's steps are stale. DVC records the recipe's inputs and outputs (all `persist: true`, so
-`dvc repro` never deletes what Snakemake would reuse), eval.json as metrics and the loss curve as a plot.
+One DVC stage per recipe runs `snakemake reports/<recipe>/gate.json` (the recipe's last target); Snakemake
+alone decides which of that recipe's steps are stale. DVC records the recipe's inputs and every output
+(all `persist: true`, so `dvc repro` never deletes what Snakemake would reuse), eval.json as metrics and
+the loss curve as a plot.
 `python -m xtrain.dvc_stages` rewrites dvc.yaml; a test fails when it is out of date with recipes/.
 """
 
@@ -18,6 +19,8 @@ from .recipe import Recipe, load_recipe
 HEADER = "# Generated from recipes/ by `make dvc.yaml` (python -m xtrain.dvc_stages); do not edit by hand.\n"
 # Code and configuration every recipe's stages run; a change makes DVC ask Snakemake again.
 WORKFLOW_DEPS = ["Snakefile", "rules", "scripts", "src/xtrain", "config/config.yaml", "envs"]
+# What rules evaluate, report and gate write under reports/<recipe>/ besides the eval.json metrics.
+REPORT_OUTPUTS = ["generations.json", "report.html", "plots", "gate.json"]
 
 
 def persisted(*paths: str) -> list[dict[str, Any]]:
@@ -27,9 +30,10 @@ def persisted(*paths: str) -> list[dict[str, Any]]:
 
 def recipe_stage(name: str, recipe: Recipe) -> dict[str, Any]:
     return {
-        "cmd": f"snakemake --cores all reports/{name}/eval.json",
+        "cmd": f"snakemake --cores all reports/{name}/gate.json",
         "deps": [f"recipes/{name}.yaml", *(s.path for s in recipe.data.sources), recipe.model.path, *WORKFLOW_DEPS],
-        "outs": persisted(f"prepared/{name}", f"plans/{name}/plan.json", f"checkpoints/{name}"),
+        "outs": persisted(f"prepared/{name}", f"plans/{name}/plan.json", f"checkpoints/{name}",
+                          *(f"reports/{name}/{report}" for report in REPORT_OUTPUTS)),
         "metrics": persisted(f"reports/{name}/eval.json"),
     }
 
