@@ -9,6 +9,7 @@ import fcntl
 import pytest
 import yaml
 
+from checkpoint_contract import assert_checkpoint_contract
 from conftest import REPO, build_run
 from xtrain.artifacts import read_json
 from xtrain.envs import build, is_built
@@ -38,3 +39,21 @@ def ensure_lane_env(backend: str) -> None:
         if not is_built(spec, target):
             lanes = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["backends"]
             build(spec, target, lanes[backend].get("uninstall", []))
+
+
+def train_tiny_recipe_in_lane(backend: str, reference: dict, tiny_model, tmp_path, monkeypatch) -> dict:
+    """Train the tiny LoRA recipe in the lane's own environment and check what every such lane promises: the
+    checkpoint contract, four logged steps, trl_cpu's first-step loss within 2% (the same rows in the first
+    batch and LoRA's B at zero make it the base model's loss on that batch) and a tuned model better than
+    the base. Returns the checkpoint's train_metrics.json."""
+    ensure_lane_env(backend)
+    monkeypatch.chdir(REPO)  # the lane finds its interpreter under .venvs/
+    run = build_run(tmp_path, tiny_model, tiny_train(backend))
+    metrics = assert_checkpoint_contract(run["checkpoint"], tiny_model, backend)
+    assert (run["checkpoint"] / "adapter_model.safetensors").is_file()
+    assert metrics["steps"] == 4 and [entry["step"] for entry in metrics["loss"]] == [1, 2, 3, 4]
+    first, expected = metrics["loss"][0]["loss"], reference["loss"][0]["loss"]
+    assert first == pytest.approx(expected, rel=0.02), f"first-step loss {first} vs trl_cpu {expected}"
+    report = read_json(run["report"])
+    assert report["tuned_loss"] < report["base_loss"]
+    return metrics

@@ -16,12 +16,9 @@ from pathlib import Path
 
 from ..errors import XtrainError
 from ..faults import fault_point, requested
+from .trainer_parts import COMPLETE_MARKER, mark_complete
 
 log = logging.getLogger(__name__)
-
-# Written into checkpoint-<step>/ after the trainer has saved everything in it (weights, optimizer,
-# scheduler, RNG states, trainer state): a folder without it was cut short by a kill or a full disk.
-COMPLETE_MARKER = "xtrain-complete"
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -45,14 +42,6 @@ def last_complete_checkpoint(run_dir: Path) -> str | None:
 def callbacks() -> list:
     """The guards every Trainer-based lane runs with."""
     from transformers import TrainerCallback
-
-    class MarkComplete(TrainerCallback):
-        """on_save runs after the trainer wrote the whole checkpoint folder."""
-
-        def on_save(self, args, state, control, **kwargs):
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if args.should_save and folder.is_dir():  # the process that saves (rank 0) marks
-                (folder / COMPLETE_MARKER).write_text(f"{state.global_step}\n")
 
     class StopOnNonFiniteLoss(TrainerCallback):
         """A NaN or infinite loss makes NaN or infinite gradients: refuse the optimizer step they would
@@ -84,5 +73,5 @@ def callbacks() -> list:
                 with torch.no_grad():
                     next(p for p in model.parameters() if p.requires_grad).fill_(math.nan)
 
-    guards = [MarkComplete(), StopOnNonFiniteLoss()]
+    guards = [mark_complete(), StopOnNonFiniteLoss()]
     return guards + [FaultPoints()] if requested() else guards

@@ -15,6 +15,7 @@ from typing import Literal
 from ..errors import XtrainError
 from ..recipe import Train
 from . import TrainJob, TrainResult, guards
+from .trainer_parts import save_every, step_grouped
 
 log = logging.getLogger(__name__)
 
@@ -28,25 +29,6 @@ class Placement:
 
     device: Device
     precision: str  # fp32 (no autocast), bf16 or fp16
-
-
-def save_every(seconds: float):
-    """A trainer callback that saves a checkpoint whenever `seconds` have passed since the last one:
-    a scheduler's time limit or a preemption then costs at most that much work."""
-    from transformers import TrainerCallback
-
-    class SaveEvery(TrainerCallback):
-        def __init__(self):
-            self.last = time.monotonic()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if time.monotonic() - self.last >= seconds:
-                control.should_save = True
-
-        def on_save(self, args, state, control, **kwargs):
-            self.last = time.monotonic()
-
-    return SaveEvery()
 
 
 def callbacks(train: Train) -> list:
@@ -72,27 +54,17 @@ def cpu_placement(plan: dict) -> Placement:
 def trainer_class():
     """SFTTrainer, with two changes.
 
-    - Length grouping per optimizer step rather than per process: transformers groups rows of similar
-      length in windows of one process's share of a step, so the rows a step trains on would change with
-      the process count; grouping over the global batch makes N processes train on exactly the rows one
-      process does, in the same order.
+    - Length grouping per optimizer step rather than per process (`trainer_parts.step_grouped`): N
+      processes train on exactly the rows one process does, in the same order.
     - transformers' loss (the model's cross-entropy over full logits, summed over the step's supervised
       tokens / their count) instead of TRL's tiled LM head. That head exists for TRL's entropy and token
       accuracy metrics, which xtrain does not record; on the CPU it costs ~25% more time per forward and
       backward (27M Llama, seq 512, BENCHMARKS.md), and the plan's memory trace models the plain path.
     """
     from transformers import Trainer
-    from transformers.trainer_pt_utils import LengthGroupedSampler
     from trl import SFTTrainer
 
-    class XtrainSFTTrainer(SFTTrainer):
-        def _get_train_sampler(self, train_dataset=None):
-            sampler = super()._get_train_sampler(train_dataset)
-            if isinstance(sampler, LengthGroupedSampler):
-                args = self.args
-                sampler.batch_size = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
-            return sampler
-
+    class XtrainSFTTrainer(step_grouped(SFTTrainer)):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 

@@ -16,7 +16,6 @@ from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
 from . import TrainJob, TrainResult, require_one_cpu_process
-from .guards import COMPLETE_MARKER
 from .trl import cpu_placement, sft_arguments
 
 RUNNER = Path(__file__).with_name("unsloth_runner.py")
@@ -60,7 +59,6 @@ class Unsloth:
             "trust_remote_code": job.trust_remote_code,
             "sft": sft_arguments(job, cpu_placement(plan), packed) | {"output_dir": str(job.work_dir.resolve())},
             "checkpoint_seconds": train.checkpoint_minutes * 60,
-            "complete_marker": COMPLETE_MARKER,
             "resume_from": str(Path(job.resume_from).resolve()) if job.resume_from else None,
             "out": str(job.out.resolve()),
             "result": str(result.resolve()),

@@ -4,60 +4,27 @@
 the prepared train split, the LoRA settings and the `SFTConfig` arguments every TRL-based lane shares; this
 script loads the model with Unsloth's `FastLanguageModel`, trains with TRL's `SFTTrainer` on the prepared
 tokens, saves the weights and tokenizer into the job's `out` and writes the log history to its `result`.
-It imports nothing from xtrain: the lane's environment has Unsloth's stack, not the main one.
+The lane's environment has Unsloth's stack, not xtrain's, so the runner imports no xtrain module; the Trainer
+pieces every lane shares it loads by path from trainer_parts.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
 
 
-def save_callbacks(seconds: float, complete_marker: str):
-    """Save a trainer checkpoint whenever `seconds` have passed since the last one (train.checkpoint_minutes),
-    and mark each checkpoint complete once the trainer has written all of it, so that a rerun resumes only
-    from a whole one. The same callbacks as trl_cpu's (`save_every` in backends/trl.py, `MarkComplete` in
-    backends/guards.py), restated here because this process cannot import xtrain."""
-    from transformers import TrainerCallback
-
-    class SaveEvery(TrainerCallback):
-        def __init__(self):
-            self.last = time.monotonic()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if time.monotonic() - self.last >= seconds:
-                control.should_save = True
-
-        def on_save(self, args, state, control, **kwargs):
-            self.last = time.monotonic()
-
-    class MarkComplete(TrainerCallback):
-        def on_save(self, args, state, control, **kwargs):
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if args.should_save and folder.is_dir():
-                (folder / complete_marker).write_text(f"{state.global_step}\n")
-
-    return [SaveEvery(), MarkComplete()]
-
-
-def step_grouped(trainer_class):
-    """Length grouping per optimizer step (micro-batch x accumulation), as xtrain's TRL lanes group
-    (`trainer_class` in backends/trl.py, restated here for the same reason as `save_callbacks`): the same seed then
-    picks the same rows for each step as trl_cpu."""
-    from transformers.trainer_pt_utils import LengthGroupedSampler
-
-    class StepGrouped(trainer_class):
-        def _get_train_sampler(self, train_dataset=None):
-            sampler = super()._get_train_sampler(train_dataset)
-            if isinstance(sampler, LengthGroupedSampler):
-                args = self.args
-                sampler.batch_size = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
-            return sampler
-
-    return StepGrouped
+def trainer_parts():
+    """xtrain's shared Trainer pieces (backends/trainer_parts.py, beside this file), loaded by path: this
+    interpreter has no xtrain to import them from, and the module needs nothing but transformers."""
+    spec = importlib.util.spec_from_file_location("trainer_parts", Path(__file__).with_name("trainer_parts.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def sft_config(arguments: dict):
@@ -112,9 +79,11 @@ def main(job_path: str) -> None:
             random_state=job["seed"],
         )
     dataset = Dataset.from_parquet(job["train_parquet"]).select_columns(job["columns"])
-    trainer = step_grouped(SFTTrainer)(
+    # The same saves, checkpoint markers and row order per step as trl_cpu: the same seed trains on the same rows.
+    parts = trainer_parts()
+    trainer = parts.step_grouped(SFTTrainer)(
         model=model, args=sft_config(job["sft"]), train_dataset=dataset, processing_class=tokenizer,
-        callbacks=save_callbacks(job["checkpoint_seconds"], job["complete_marker"]),
+        callbacks=[parts.save_every(job["checkpoint_seconds"]), parts.mark_complete()],
     )
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=job["resume_from"])

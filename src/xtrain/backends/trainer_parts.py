@@ -1,0 +1,69 @@
+"""Pieces of transformers' Trainer that every lane built on it shares: timed saves, complete-checkpoint
+markers, and length grouping per optimizer step.
+
+The TRL lanes import this module; the unsloth runner, which runs in its lane's own interpreter without
+xtrain, loads this file by path. So it imports only the standard library at load time, transformers when
+called, and nothing from xtrain.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+# Written into checkpoint-<step>/ after the trainer has saved everything in it (weights, optimizer,
+# scheduler, RNG states, trainer state): a folder without it was cut short by a kill or a full disk.
+COMPLETE_MARKER = "xtrain-complete"
+
+
+def save_every(seconds: float):
+    """A trainer callback that saves a checkpoint whenever `seconds` have passed since the last one:
+    a scheduler's time limit or a preemption then costs at most that much work."""
+    from transformers import TrainerCallback
+
+    class SaveEvery(TrainerCallback):
+        def __init__(self):
+            self.last = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.monotonic() - self.last >= seconds:
+                control.should_save = True
+
+        def on_save(self, args, state, control, **kwargs):
+            self.last = time.monotonic()
+
+    return SaveEvery()
+
+
+def mark_complete():
+    """A trainer callback that writes COMPLETE_MARKER into each checkpoint once it is whole: on_save runs
+    after the trainer wrote the folder, so a rerun resumes only from a complete one."""
+    from transformers import TrainerCallback
+
+    class MarkComplete(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if args.should_save and folder.is_dir():  # the process that saves (rank 0) marks
+                (folder / COMPLETE_MARKER).write_text(f"{state.global_step}\n")
+
+    return MarkComplete()
+
+
+def step_grouped(trainer_class):
+    """`trainer_class` with length grouping per optimizer step rather than per process.
+
+    transformers groups rows of similar length in windows of one process's share of a step, so the rows a
+    step trains on would change with the process count (and between lanes); grouping over the global batch
+    (micro-batch x accumulation x processes) makes every layout train on the same rows in the same order.
+    """
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    class StepGrouped(trainer_class):
+        def _get_train_sampler(self, train_dataset=None):
+            sampler = super()._get_train_sampler(train_dataset)
+            if isinstance(sampler, LengthGroupedSampler):
+                args = self.args
+                sampler.batch_size = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+            return sampler
+
+    return StepGrouped
