@@ -174,3 +174,20 @@ def test_a_rerun_reads_the_cached_probe_and_writes_the_same_plan(tiny, tmp_path,
     assert json.dumps(first, sort_keys=True) == json.dumps(again, sort_keys=True)
     cached = json.loads((tmp_path / "xtrain/cpu-probe.json").read_text())
     assert all(float(f"{v:.1e}") == v for entry in cached.values() for v in entry.values())
+
+
+def test_a_probe_taken_under_load_is_taken_again_on_a_quieter_machine_and_the_faster_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    measured = iter([{"matmul_flops": 1.0e9, "op_seconds": 4.0e-5}, {"matmul_flops": 9.0e9, "op_seconds": 1.0e-5},
+                     {"matmul_flops": 5.0e9, "op_seconds": 2.0e-5}])
+    monkeypatch.setattr(speed, "probe_cpu", lambda *args: next(measured))
+    loads = {"now": 3.0}
+    monkeypatch.setattr(speed, "load_per_core", lambda: loads["now"])
+    assert speed.cached_cpu_probe("fp32", 64, 2)["matmul_flops"] == 1.0e9  # measured while busy
+    loads["now"] = 4.0
+    assert speed.cached_cpu_probe("fp32", 64, 2)["matmul_flops"] == 1.0e9  # busier still: the cache stands
+    loads["now"] = 0.1
+    assert speed.cached_cpu_probe("fp32", 64, 2) == {"matmul_flops": 9.0e9, "op_seconds": 1.0e-5, "load_per_core": 0.1}
+    # Quiet now: no further probe, whatever the load later (the third figure is never measured).
+    loads["now"] = 2.0
+    assert speed.cached_cpu_probe("fp32", 64, 2)["matmul_flops"] == 9.0e9

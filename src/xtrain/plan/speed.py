@@ -31,6 +31,7 @@ GPU_MFU = {"cuda": 0.4, "rocm": 0.35}
 GPU_OP_SECONDS = 8e-6
 PROBE_ROWS = 2048  # rows of the probe matmul: a micro-batch's tokens, as training multiplies them
 PROBE_SECONDS = 0.5  # per measurement, split in five windows
+BUSY_LOAD = 0.5  # load average per core above which a probe may have read the neighbours, not the device
 
 
 def flops_per_token(params: dict, seq_len: int, checkpointing: bool) -> float:
@@ -71,18 +72,33 @@ def cpu_supports_bf16() -> bool:
 
 
 def cached_cpu_probe(precision: str, width: int, cpus: int) -> dict[str, float]:
+    """The probe's figures for this machine, measured once and then read from the cache; a probe taken while
+    the machine was busy (load above BUSY_LOAD per core) is taken again on a quieter machine, and the
+    faster figures are kept, so one plan made under load does not slow every later plan's prediction."""
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "xtrain" / "cpu-probe.json"
     import torch
 
     key = f"{cpu_name()}|{cpus} threads|torch {torch.__version__}|{precision}|width {width}"
     entries = json.loads(cache.read_text()) if cache.is_file() else {}
-    if key not in entries:
-        entries[key] = {name: significant(value) for name, value in probe_cpu(precision, width, cpus).items()}
+    cached, load = entries.get(key), load_per_core()
+    if cached is None or (cached.get("load_per_core", 0) > BUSY_LOAD and load < cached["load_per_core"]):
+        fresh = {name: significant(value) for name, value in probe_cpu(precision, width, cpus).items()}
+        entries[key] = {**fresh, "load_per_core": load} if cached is None else faster(cached, {**fresh, "load_per_core": load})
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
         tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
         tmp.replace(cache)
     return entries[key]
+
+
+def load_per_core() -> float:
+    """The 1-minute load average per core (two significant figures): how busy the machine is while it is probed."""
+    return significant(os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def faster(old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    """Of two probes, the one with the higher matmul rate: a busy machine only ever reads slow."""
+    return new if new["matmul_flops"] > old["matmul_flops"] else {**old, "load_per_core": new["load_per_core"]}
 
 
 def cpu_name() -> str:
