@@ -130,9 +130,9 @@ def _img(svg: bytes, alt: str) -> str:
 def _number(value: Any) -> str:
     if value is None:
         return "—"
-    if isinstance(value, float) and not value.is_integer():
-        return f"{value:.4g}"
-    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+    if isinstance(value, int) or abs(value) >= 10_000:  # 13,410 rather than 1.341e+04
+        return f"{value:,.0f}"
+    return f"{value:.4g}" if not value.is_integer() else f"{value:g}"
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
