@@ -11,6 +11,10 @@ forward with labels, backward, clip, step, schedule, zero_grad. Each measurement
 two sides alternate, and rates are taken between the ends of step WARMUP and the last step, so that
 loading and the first steps' one-off costs count for neither. Two rates: tokens per wall second, and
 tokens per CPU second of the process (all its threads), which other jobs on a shared machine disturb less.
+The lane saves a resumable trainer checkpoint every quarter of its run (model, optimizer and scheduler
+state), which the loop does not: in these 8 steps that is after steps 2, 4 and 6, inside the window. Each
+save is timed (from the step's end to the trainer's on_save), and the rates are also given without them,
+as a run of hundreds of steps amortises its four saves.
 """
 
 from __future__ import annotations
@@ -54,11 +58,15 @@ def build_inputs(folder: Path) -> Path:
     return model
 
 
-def rates(ends: list[tuple[float, float]]) -> dict[str, float]:
-    """Tokens per wall second and per CPU second between the end of step WARMUP and the last step."""
+def rates(ends: list[tuple[float, float]], saves: list[tuple[int, float, float]] = ()) -> dict[str, float]:
+    """Tokens per wall second and per CPU second between the end of step WARMUP and the last step; and the
+    same without the trainer checkpoints saved in that window (`saves`: step, wall and CPU seconds)."""
     tokens = BATCH * SEQ * (STEPS - WARMUP)
     (wall0, cpu0), (wall1, cpu1) = ends[WARMUP - 1], ends[-1]
-    return {"wall": tokens / (wall1 - wall0), "cpu": tokens / (cpu1 - cpu0)}
+    inside = [save for save in saves if WARMUP <= save[0] < STEPS]
+    save_wall, save_cpu = sum(save[1] for save in inside), sum(save[2] for save in inside)
+    return {"wall": tokens / (wall1 - wall0), "cpu": tokens / (cpu1 - cpu0), "saves": len(inside),
+            "wall_steps": tokens / (wall1 - wall0 - save_wall), "cpu_steps": tokens / (cpu1 - cpu0 - save_cpu)}
 
 
 def clock() -> tuple[float, float]:
@@ -74,10 +82,17 @@ def lane_rates(model: Path, prepared: Path, method: str, precision: str, work: P
     from xtrain.recipe import Hardware, Train
 
     ends: list[tuple[float, float]] = []
+    saves: list[tuple[int, float, float]] = []
 
     class StepClock(TrainerCallback):
+        """The end of each step, and how long each trainer checkpoint save after it took."""
+
         def on_step_end(self, args, state, control, **kwargs):
             ends.append(clock())
+
+        def on_save(self, args, state, control, **kwargs):
+            (wall0, cpu0), (wall1, cpu1) = ends[-1], clock()
+            saves.append((len(ends), wall1 - wall0, cpu1 - cpu0))
 
     shared = lane.callbacks
     lane.callbacks = lambda train: [*shared(train), StepClock()]  # timing only; the lane's own list is kept
@@ -89,7 +104,7 @@ def lane_rates(model: Path, prepared: Path, method: str, precision: str, work: P
     job = TrainJob(model, prepared, plan, train, Hardware(), work / "out", work / "runs", None)
     job.out.mkdir(parents=True)
     TrlCpu().run(job)
-    return rates(ends)
+    return rates(ends, saves)
 
 
 def loop_rates(model_dir: Path, prepared: Path, method: str, precision: str) -> dict[str, float]:
@@ -157,19 +172,22 @@ def main() -> None:
         folder = Path(tmp)
         (folder / "prepared").mkdir()
         build_inputs(folder)
-        print("| method | precision | loop tokens/s | trl_cpu tokens/s | wall ratio | loop tokens/CPU-s | "
-              "trl_cpu tokens/CPU-s | CPU ratio |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| method | precision | loop tokens/s | trl_cpu tokens/s | wall ratio | saves in window | trl_cpu "
+              "tokens/s without saves | wall ratio without saves | loop tokens/CPU-s | trl_cpu tokens/CPU-s without "
+              "saves | CPU ratio without saves |")
+        print("| --- " * 11 + "|")
+        kinds = ("wall", "cpu", "saves", "wall_steps", "cpu_steps")
         for method, precision in CONFIGS:
             runs = {"loop": [], "lane": []}
             for _ in range(args.rounds):
                 for side in ("loop", "lane"):
                     runs[side].append(measure(side, folder, method, precision))
-            median = {side: {kind: statistics.median(r[kind] for r in runs[side]) for kind in ("wall", "cpu")}
-                      for side in runs}
-            print(f"| {method} | {precision} | {median['loop']['wall']:.0f} | {median['lane']['wall']:.0f} | "
-                  f"{median['lane']['wall'] / median['loop']['wall']:.1%} | {median['loop']['cpu']:.0f} | "
-                  f"{median['lane']['cpu']:.0f} | {median['lane']['cpu'] / median['loop']['cpu']:.1%} |", flush=True)
+            loop, lane = ({kind: statistics.median(r[kind] for r in runs[side]) for kind in kinds}
+                          for side in ("loop", "lane"))
+            print(f"| {method} | {precision} | {loop['wall']:.0f} | {lane['wall']:.0f} | "
+                  f"{lane['wall'] / loop['wall']:.1%} | {lane['saves']:.0f} | {lane['wall_steps']:.0f} | "
+                  f"{lane['wall_steps'] / loop['wall']:.1%} | {loop['cpu']:.0f} | {lane['cpu_steps']:.0f} | "
+                  f"{lane['cpu_steps'] / loop['cpu']:.1%} |", flush=True)
     print(f"\n{args.rounds} alternating round(s) per row (median); {time.perf_counter() - started:.0f} s in all")
 
 
