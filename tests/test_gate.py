@@ -116,3 +116,17 @@ def test_tuned_model_for_the_harness_is_base_plus_adapter_or_the_full_checkpoint
     (tmp_path / "adapter_config.json").write_text("{}")
     adapter = model_args(Path("m"), tmp_path, "tuned")
     assert adapter["pretrained"] == "m" and adapter["peft"] == str(tmp_path)
+
+
+@pytest.mark.parametrize(("base_stop", "tuned_stop", "banner"), [
+    (0.9, 0.5, "bad"),  # fine-tuning made the model stop less often: red
+    (0.5, 0.75, "warn"),  # it stops more often than before, but still not always: amber
+    (0.5, 1.0, None),  # every answer stopped: no stop banner
+])
+def test_report_flags_answers_that_do_not_stop_by_how_they_compare_with_the_base(base_stop, tuned_stop, banner):
+    from xtrain.report import verdict_banners
+
+    metrics = {"base_loss": 2.0, "tuned_loss": 1.5, "loss_improvement": 0.5, "base_perplexity": 7.4,
+               "tuned_perplexity": 4.5, "base_stop_rate": base_stop, "tuned_stop_rate": tuned_stop}
+    stop_banners = [line for line in verdict_banners(metrics, []).split("</div>") if "did not stop" in line]
+    assert [line.split('"')[1].split()[-1] for line in stop_banners] == ([banner] if banner else [])

@@ -101,7 +101,8 @@ def metrics_plot(metrics: dict[str, float]) -> bytes:
                    color=colour, label=model)
         ax.set_xticks(list(positions), names)
         ax.set_title(title)
-        ax.legend()
+        ax.margins(y=0.3)  # headroom above the tallest bar, where the legend goes
+        ax.legend(loc="upper right", ncols=2)
     return _svg(fig)
 
 
@@ -214,7 +215,9 @@ def verdict_banners(metrics: dict[str, float], verdicts: list[dict[str, Any]]) -
         f"{metrics['base_perplexity']:.4g} → {metrics['tuned_perplexity']:.4g})",
     )]
     if "tuned_stop_rate" in metrics and metrics["tuned_stop_rate"] < 1:
-        banners.append(("bad", f"The tuned model did not stop in {1 - metrics['tuned_stop_rate']:.0%} of its answers "
+        # Red when fine-tuning made stopping worse; amber when it did not, but answers still run on.
+        worse = metrics["tuned_stop_rate"] < metrics["base_stop_rate"]
+        banners.append(("bad" if worse else "warn", f"The tuned model did not stop in {1 - metrics['tuned_stop_rate']:.0%} of its answers "
                                f"(base model: {1 - metrics['base_stop_rate']:.0%})"))
     for verdict in verdicts:
         banners.append(("good" if verdict["passed"] else "bad", "Gate: " + html.escape(gate.describe(verdict))))
