@@ -101,6 +101,8 @@ BAD_RECIPES = [
      "known metrics: "),
     ("backend-cannot-honour-the-device", "r", {"train": {"backend": "primus"}}, "hardware.accelerator",
      "set hardware.accelerator: rocm"),
+    ("backend-is-translate-only", "r", {"train": {"backend": "primus"}, "hardware": {"accelerator": "rocm", "gpus": 8}},
+     "train.backend primus", "translate-only"),
     ("trust-remote-code-as-text", "r", {"model": {"trust_remote_code": "yes"}}, "model.trust_remote_code",
      "valid boolean"),
     ("model-path-missing", "r", {"model": {"path": "models/nosuch"}}, "model.path", "not a model folder"),

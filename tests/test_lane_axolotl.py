@@ -12,6 +12,7 @@ import yaml
 from conftest import REPO
 from lanes import ensure_lane_env, train_tiny_recipe_in_lane, trl_cpu_reference  # noqa: F401 (a fixture)
 from lanes import tiny_train as lane_train
+from xtrain import backends
 from xtrain.backends import TrainJob, get_backend
 from xtrain.backends.axolotl import OFFLINE, axolotl_config, cpu_precision, export_tokens
 from xtrain.errors import XtrainError
@@ -49,20 +50,13 @@ def job(tmp_path, train, plan_, model=None) -> TrainJob:
 
 @pytest.mark.parametrize("accelerator, gpus", [("cuda", 1), ("rocm", 8)])
 def test_a_gpu_recipe_is_refused_before_launch(accelerator, gpus):
-    with pytest.raises(XtrainError, match=f"hardware.accelerator '{accelerator}' is not supported yet"):
-        get_backend("axolotl").check(tiny_train(), Hardware(accelerator=accelerator, gpus=gpus))
+    with pytest.raises(XtrainError, match=f"runs on hardware.accelerator cpu, not '{accelerator}'"):
+        backends.check("axolotl", tiny_train(), Hardware(accelerator=accelerator, gpus=gpus))
 
 
-def test_packed_data_is_refused_with_the_field_to_change(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    (tmp_path / "prepared").mkdir()
-    pq.write_table(pa.table({"input_ids": [[1, 2, 3]], "assistant_masks": [[0, 1, 1]], "seq_lengths": [[3]]}),
-                   tmp_path / "prepared" / "train.parquet")
+def test_packed_data_is_refused_with_the_field_to_change():
     with pytest.raises(XtrainError, match="set data.packing: false"):
-        get_backend("axolotl").run(job(tmp_path, tiny_train(), plan()))
-    assert not (tmp_path / "work").exists(), "nothing is exported or launched"
+        backends.check("axolotl", tiny_train(), Hardware(), packed=True)
 
 
 def test_export_keeps_the_prepared_tokens_and_masks_the_unsupervised_ones(tmp_path):

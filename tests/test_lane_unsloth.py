@@ -6,6 +6,7 @@ import pytest
 
 from lanes import tiny_train as lane_train
 from lanes import train_tiny_recipe_in_lane, trl_cpu_reference  # noqa: F401 (a fixture)
+from xtrain import backends
 from xtrain.backends import get_backend
 from xtrain.errors import XtrainError
 from xtrain.recipe import Hardware, Lora, Train
@@ -16,8 +17,8 @@ def tiny_train(**changes) -> Train:
 
 
 def test_a_gpu_recipe_is_refused_before_launch():
-    with pytest.raises(XtrainError, match="hardware.accelerator 'cuda' is not supported yet"):
-        get_backend("unsloth").check(tiny_train(), Hardware(accelerator="cuda", gpus=1))
+    with pytest.raises(XtrainError, match="runs on hardware.accelerator cpu, not 'cuda'"):
+        backends.check("unsloth", tiny_train(), Hardware(accelerator="cuda", gpus=1))
 
 
 def test_all_linear_targets_are_refused_with_the_names_to_list():

@@ -11,6 +11,7 @@ import yaml
 
 from conftest import REPO
 from xtrain.artifacts import read_json
+from xtrain import backends
 from xtrain.backends import TrainJob, get_backend
 from xtrain.backends.primus import launch_command, lora_targets
 from xtrain.data import prepare
@@ -32,7 +33,7 @@ def prepared(tiny_model, tmp_path_factory) -> Path:
 def written_config(tiny_model, prepared, tmp_path, train: Train, hardware: Hardware = ROCM) -> tuple[dict, dict, dict]:
     plan = make_plan(tiny_model, read_json(prepared / "manifest.json"), train, hardware)
     job = TrainJob(tiny_model, prepared, plan, train, hardware, tmp_path / "demo", tmp_path / "runs", None)
-    config = get_backend("primus").write_config(job)
+    config = get_backend("primus").write_config(job)["config_file"]
     experiment = yaml.safe_load(config.read_text())
     preset = yaml.safe_load(Path(experiment["modules"]["post_trainer"]["model"]).read_text())
     return plan, experiment, preset
@@ -104,11 +105,13 @@ def test_launch_commands_are_argument_lists_for_each_mode(tmp_path):
 
 def test_check_refuses_what_primus_cannot_honour():
     primus = get_backend("primus")
-    with pytest.raises(XtrainError, match="hardware.accelerator is 'cpu'"):
-        primus.check(Train(), Hardware())
-    with pytest.raises(XtrainError, match="hardware.accelerator is 'cuda'"):
-        primus.check(Train(), Hardware(accelerator="cuda", gpus=1))
-    with pytest.raises(XtrainError, match="fuses q_proj, k_proj, v_proj"):
+    with pytest.raises(XtrainError, match="hardware.accelerator rocm, not 'cpu'"):
+        backends.check("primus", Train(), Hardware())
+    with pytest.raises(XtrainError, match="hardware.accelerator rocm, not 'cuda'"):
+        backends.check("primus", Train(), Hardware(accelerator="cuda", gpus=1))
+    with pytest.raises(XtrainError, match="translate-only in this version"):
+        backends.check("primus", Train(), ROCM)
+    with pytest.raises(XtrainError, match="adapts q_proj, k_proj, v_proj together"):
         primus.check(Train(lora=Lora(target_modules=["q_proj", "v_proj"])), ROCM)
     with pytest.raises(XtrainError, match=r"\['lm_head'\]"):
         primus.check(Train(lora=Lora(target_modules=["lm_head"])), ROCM)

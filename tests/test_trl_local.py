@@ -10,7 +10,7 @@ import pytest
 
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import build_run
-from xtrain.backends import get_backend
+from xtrain import backends
 from xtrain.backends.trl import cpu_placement
 from xtrain.backends.trl_local import first_host, found_device, torchrun_command
 from xtrain.errors import XtrainError
@@ -72,10 +72,10 @@ def test_cpu_processes_are_checked_where_they_cannot_be_honoured():
               "hardware": {"accelerator": "cuda", "gpus": 2, "processes": 2}}
     with pytest.raises(RecipeError, match="processes is 2 but accelerator is `cuda`"):
         parse_recipe(recipe, "recipes/r.yaml")
-    with pytest.raises(XtrainError, match="trl_cpu runs one process"):
-        get_backend("trl_cpu").check(Train(), Hardware(processes=2))
+    with pytest.raises(XtrainError, match="trl_cpu runs 1 CPU process"):
+        backends.check("trl_cpu", Train(), Hardware(processes=2))
     with pytest.raises(XtrainError, match="trl_local runs CPU training on one node"):
-        get_backend("trl_local").check(Train(backend="trl_local"), Hardware(nodes=2))
+        backends.check("trl_local", Train(backend="trl_local"), Hardware(nodes=2))
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
-"""Generate the recipe's JSON schema and field reference from the pydantic models.
+"""Generate the recipe's JSON schema and field reference from the pydantic models, and the backends'
+capability table from their declared capabilities.
 
-`python -m xtrain.docs` writes `config/recipe.schema.json` (for editors and validators) and
-`docs/recipe.md` (the field table); a test fails when either is out of date with `recipe.py`.
+`python -m xtrain.docs` writes `config/recipe.schema.json` (for editors and validators), `docs/recipe.md`
+(the field table) and the capability table in `docs/backends.md`; a test fails when one is out of date.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from .recipe import Recipe, json_schema
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = ROOT / "config" / "recipe.schema.json"
 REFERENCE_PATH = ROOT / "docs" / "recipe.md"
+BACKENDS_PATH = ROOT / "docs" / "backends.md"
+CAPABILITIES = ("<!-- capability table: generated from each backend's `capabilities` by `make docs` -->",
+                "<!-- end of the capability table -->")
 
 
 def _type_name(annotation) -> str:
@@ -66,11 +70,24 @@ def schema_text() -> str:
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
+def backends_page() -> str:
+    """docs/backends.md with its capability table regenerated (the rest of the page is written by hand)."""
+    from .backends import REGISTRY
+    from .backends.base import capability_rows
+
+    start, end = CAPABILITIES
+    head, rest = BACKENDS_PATH.read_text().split(start, 1)
+    tail = rest.split(end, 1)[1]
+    return "\n".join([head + start, *capability_rows(REGISTRY), end]) + tail
+
+
 def main() -> None:
     SCHEMA_PATH.write_text(schema_text())
     REFERENCE_PATH.parent.mkdir(exist_ok=True)
     REFERENCE_PATH.write_text(reference())
-    print(f"wrote {SCHEMA_PATH.relative_to(ROOT)} and {REFERENCE_PATH.relative_to(ROOT)}")
+    BACKENDS_PATH.write_text(backends_page())
+    print(f"wrote {SCHEMA_PATH.relative_to(ROOT)}, {REFERENCE_PATH.relative_to(ROOT)} and "
+          f"{BACKENDS_PATH.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -71,13 +71,14 @@ def spec_hash(spec: Path) -> str:
     return hashlib.sha256(spec.read_bytes()).hexdigest()
 
 
-def lane_python(backend: str, module: str) -> str:
+def lane_python(backend: str, module: str, must_exist: bool = True) -> str:
     """The interpreter that runs `backend`: this one when it already has the lane's package (a conda env or
-    container picked by the train rule), else the lane's virtual environment."""
+    container picked by the train rule), else the lane's virtual environment (which must be built, unless the
+    command is only being rendered)."""
     if importlib.util.find_spec(module) is not None:
         return sys.executable
     venv = VENVS / backend
-    if not (venv / READY).is_file():
+    if must_exist and not (venv / READY).is_file():
         raise XtrainError(
             f"train.backend {backend}: its environment is not built (no {venv / READY}); run "
             f"`snakemake --cores 1 {venv / READY}`, or run snakemake with --sdm conda"

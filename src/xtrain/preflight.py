@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from .backends import get_backend
+from . import backends
 from .errors import XtrainError
 from .paths import check_recipe_paths
 from .plan import check_micro_batch
@@ -26,7 +26,7 @@ def preflight(path: str | Path, project: Path, allowed: Iterable[str] = (), buil
     check_recipe_paths(recipe, str(path), project, allowed, built)
     try:
         check_micro_batch(recipe.train, recipe.hardware)
-        get_backend(recipe.train.backend).check(recipe.train, recipe.hardware)
+        backends.check(recipe.train.backend, recipe.train, recipe.hardware, packed=recipe.data.packing)
     except XtrainError as exc:  # these name the field; the recipe file is added here
         raise RecipeError(f"{path}: {exc}") from None
     if recipe.model.trust_remote_code:

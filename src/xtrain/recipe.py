@@ -17,17 +17,16 @@ from typing import Annotated, Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from .errors import RecipeError
 from .gpus import DEFAULT_GPU, GPUS
 
+# Every training backend, in the order docs list them: the one list; the registry (backends/), config/config.yaml
+# and envs/ are checked against it (tests/test_backends.py).
 BACKENDS = ("trl_cpu", "trl_local", "axolotl", "unsloth", "torchtune", "primus")
 RECIPE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
-
-
-class RecipeError(ValueError):
-    """A recipe that cannot run; the message names the file, the field and the fix."""
 
 
 class Section(BaseModel):

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import XtrainError
-from .recipe import RecipeError
 
 # Python raises OSError(ENOSPC); safetensors re-raises a full disk as its own error, with the OS text.
 DISK_FULL_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded")
@@ -50,7 +49,7 @@ def run_stage(log_path: str, body: Callable[[], Any], recipe: str | None = None)
     )
     try:
         body()
-    except (XtrainError, RecipeError) as exc:
+    except XtrainError as exc:
         fail(str(exc), recipe)
     except Exception as exc:
         failure = write_failure(exc)

@@ -15,8 +15,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from xtrain_lanes.prepared import train_split_is_packed
+
+from . import backends
 from .artifacts import atomic_dir, read_json, write_json
-from .backends import TrainJob, TrainResult, get_backend
+from .backends import TrainJob, TrainResult
 from .backends.guards import last_complete_checkpoint
 from .data.pipeline import CHAT_TEMPLATE_FILE
 from .recipe import Hardware, Train, content_hash
@@ -79,8 +82,7 @@ def run_training(
     work_dir: Path,
     trust_remote_code: bool = False,
 ) -> dict[str, Any]:
-    backend = get_backend(train.backend)
-    backend.check(train, hardware)
+    backend = backends.check(train.backend, train, hardware, packed=train_split_is_packed(prepared_dir))
     if trust_remote_code:
         log.warning("model.trust_remote_code is set: the Python code in %s runs in this process", model_dir)
     plan = read_json(plan_path)

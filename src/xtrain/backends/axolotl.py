@@ -9,19 +9,20 @@ saves) into the checkpoint contract.
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from xtrain_lanes.prepared import INPUT_IDS, LOSS_MASK, labels, split_file
+
 from ..artifacts import read_json
 from ..envs import lane_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from . import TrainJob, TrainResult, require_one_cpu_process
+from .base import Capabilities, TrainJob, TrainResult, save_steps
 
 log = logging.getLogger(__name__)
 
@@ -36,31 +37,18 @@ MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.
 
 
 def export_tokens(prepared_dir: Path, target: Path) -> int:
-    """The prepared train split as Axolotl's pre-tokenized dataset: the same token ids, labels = the ids on
-    supervised tokens (assistant_masks == 1) and -100 elsewhere. Returns the number of rows."""
+    """The prepared train split as Axolotl's pre-tokenized dataset: the same token ids, and their labels
+    (xtrain_lanes.prepared). Returns the number of rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(prepared_dir / "train.parquet", columns=["input_ids", "assistant_masks"])
-    ids, masks = table.column("input_ids").to_pylist(), table.column("assistant_masks").to_pylist()
-    labels = [[token if keep else -100 for token, keep in zip(row, mask)] for row, mask in zip(ids, masks)]
+    table = pq.read_table(split_file(prepared_dir), columns=[INPUT_IDS, LOSS_MASK])
+    ids, masks = table.column(INPUT_IDS).to_pylist(), table.column(LOSS_MASK).to_pylist()
+    targets = [labels(row, mask) for row, mask in zip(ids, masks)]
     attention = [[1] * len(row) for row in ids]
     target.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"input_ids": ids, "attention_mask": attention, "labels": labels}), target)
+    pq.write_table(pa.table({"input_ids": ids, "attention_mask": attention, "labels": targets}), target)
     return len(ids)
-
-
-def save_steps(job: TrainJob) -> int:
-    """Axolotl saves every N steps only (no time-based save): train.checkpoint_minutes becomes the step count the
-    plan predicts for that many minutes, unless a quarter of the run (trl_cpu's cadence) comes sooner."""
-    steps = job.plan["time"]["steps"]
-    quarter = max(1, steps // 4)
-    per_step = job.plan["time"]["seconds_per_step"]
-    in_minutes = max(1, math.floor(job.train.checkpoint_minutes * 60 / per_step)) if per_step > 0 else quarter
-    chosen = min(quarter, in_minutes)
-    log.info("axolotl: train.checkpoint_minutes %s -> save_steps %s (plan: %.2f s/step, %s steps)",
-             job.train.checkpoint_minutes, chosen, per_step, steps)
-    return chosen
 
 
 def cpu_precision(plan: dict[str, Any]) -> None:
@@ -130,28 +118,59 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
 
 class Axolotl:
     name = "axolotl"
+    # The CPU only, for now: its environment (envs/axolotl.yaml) is built and tested with the CPU torch. Packed
+    # rows: Axolotl's own packing cannot keep packed sequences apart on the CPU.
+    capabilities = Capabilities(
+        status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
+        methods=("lora", "full"), objectives=("sft",), precisions=("fp32", "bf16"), packing=False, resume=True,
+    )
+    fields = {
+        "train.backend": "registry",
+        "train.method": "config.adapter",
+        "train.lora.r": "config.lora_r",
+        "train.lora.alpha": "config.lora_alpha",
+        "train.lora.dropout": "config.lora_dropout",
+        "train.lora.target_modules": "config.lora_target_modules",
+        "train.global_batch_size": "plan",
+        "train.micro_batch_size": "plan",
+        "train.epochs": "config.num_epochs",
+        "train.max_steps": "config.max_steps",
+        "train.learning_rate": "config.learning_rate",
+        "train.lr_scheduler": "config.lr_scheduler",
+        "train.warmup_ratio": "config.warmup_ratio",
+        "train.weight_decay": "config.weight_decay",
+        "train.max_grad_norm": "config.max_grad_norm",
+        "train.logging_steps": "config.logging_steps",
+        "train.checkpoint_minutes": "config.save_steps",
+        "train.seed": "config.seed",
+        "hardware.accelerator": "capabilities",
+        "hardware.gpus": "capabilities",
+        "hardware.nodes": "capabilities",
+        "hardware.processes": "capabilities",
+        "hardware.gpu_model": "plan",
+        "hardware.gpu_memory_gb": "plan",
+        "hardware.cpus": "plan",
+        "hardware.host_memory_gb": "plan",
+    }
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        require_one_cpu_process(
-            self.name, hardware, "yet (its environment, envs/axolotl.yaml,"
-            " is built and tested with the CPU torch only)"
-        )
+        """Nothing beyond its capabilities."""
+
+    def native(self, job: TrainJob) -> dict:
+        """Axolotl's YAML, its launch and environment; the prepared tokens are exported to `dataset`."""
+        dataset = job.work_dir / "axolotl_data" / "train.parquet"
+        config = job.work_dir / "axolotl.yaml"
+        return {"config": axolotl_config(job, dataset), "dataset": dataset, "config_file": config,
+                "argv": [lane_python(self.name, "axolotl", must_exist=False), "-m", "axolotl.cli.train", str(config)],
+                "env": OFFLINE}
 
     def run(self, job: TrainJob) -> TrainResult:
-        import pyarrow.parquet as pq
-
         cpu_precision(job.plan)
-        if "seq_lengths" in pq.read_schema(job.prepared_dir / "train.parquet").names:
-            raise XtrainError(
-                "train.backend axolotl: the prepared data is packed (data.packing: true), and Axolotl's own packing "
-                "cannot keep packed sequences apart on the CPU; set data.packing: false for this lane"
-            )
-        dataset = job.work_dir / "axolotl_data" / "train.parquet"
-        export_tokens(job.prepared_dir, dataset)
-        config_path = job.work_dir / "axolotl.yaml"
-        config_path.write_text(yaml.safe_dump(axolotl_config(job, dataset), sort_keys=False))
-        python = lane_python(self.name, "axolotl")
-        run_command([python, "-m", "axolotl.cli.train", str(config_path)], env=OFFLINE)
+        lane_python(self.name, "axolotl")  # its environment is built
+        launch = self.native(job)
+        export_tokens(job.prepared_dir, launch["dataset"])
+        launch["config_file"].write_text(yaml.safe_dump(launch["config"], sort_keys=False))
+        run_command(launch["argv"], env=launch["env"])
         return self.normalise(job)
 
     def normalise(self, job: TrainJob) -> TrainResult:

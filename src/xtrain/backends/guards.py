@@ -14,9 +14,10 @@ import re
 import shutil
 from pathlib import Path
 
+from xtrain_lanes.trainer_parts import COMPLETE_MARKER, mark_complete
+
 from ..errors import XtrainError
 from ..faults import fault_point, requested
-from .trainer_parts import COMPLETE_MARKER, mark_complete
 
 log = logging.getLogger(__name__)
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")

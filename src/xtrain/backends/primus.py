@@ -16,10 +16,12 @@ from typing import Any
 
 import yaml
 
+from xtrain_lanes.prepared import INPUT_IDS, LOSS_MASK, labels, split_file, train_split_is_packed
+
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from . import TrainJob, TrainResult
+from .base import Capabilities, TrainJob, TrainResult, grouped_lora_targets, save_steps
 
 IMAGE = "rocm/primus:v26.8"  # the container launcher's default image (Primus CLI reference)
 # Megatron Bridge recipe module and flavor per Hugging Face model_type: the flavor supplies optimizer and
@@ -41,26 +43,7 @@ LORA_GROUPS = {
 
 def lora_targets(target_modules: list[str]) -> list[str]:
     """The recipe's LoRA targets as Megatron module names; an incomplete group is an error."""
-    if target_modules == ["all-linear"]:
-        return list(LORA_GROUPS)
-    wanted = set(target_modules)
-    known = {name for names in LORA_GROUPS.values() for name in names}
-    if wanted - known:
-        raise XtrainError(
-            f"train.lora.target_modules {sorted(wanted - known)}: the primus lane adapts only "
-            f"{sorted(known)} (or all-linear)"
-        )
-    targets = []
-    for group, names in LORA_GROUPS.items():
-        present = wanted & set(names)
-        if present and present != set(names):
-            raise XtrainError(
-                f"train.lora.target_modules: Megatron fuses {', '.join(names)} into {group}, so they are "
-                f"adapted together; list all of {list(names)} or none of them"
-            )
-        if present:
-            targets.append(group)
-    return targets
+    return grouped_lora_targets("primus", target_modules, LORA_GROUPS)
 
 
 # Megatron's lr_decay_style for each recipe schedule; HF's `constant` has no warmup.
@@ -87,7 +70,7 @@ def experiment(job: TrainJob, name: str, packed: bool, model_preset: Path) -> di
         "seq_length": plan["data"]["seq_len"],
         "packed_sequence": packed,
         "eval_interval": steps,
-        "save_interval": max(1, steps // 4),
+        "save_interval": save_steps(job),
         "finetune_lr": train.learning_rate,
         "min_lr": 0.0,
         "lr_warmup_iters": 0 if train.lr_scheduler == "constant" else math.ceil(steps * train.warmup_ratio),
@@ -172,33 +155,72 @@ def launch_mode(hardware: Hardware) -> str:
     return "direct" if importlib.util.find_spec("primus") is not None else "container"
 
 
-def export_dataset(prepared_dir: Path, out: Path) -> bool:
-    """Write the prepared splits as a local `datasets` folder: token ids and labels (-100 where no loss).
-    Returns whether the train rows are packed."""
+def export_dataset(prepared_dir: Path, out: Path) -> None:
+    """Write the prepared splits as a local `datasets` folder: token ids and labels (xtrain_lanes.prepared)."""
     from datasets import Dataset, DatasetDict
 
     def with_labels(split: str) -> Dataset:
-        rows = Dataset.from_parquet(str(prepared_dir / f"{split}.parquet"))
-        return rows.map(
-            lambda row: {"labels": [t if m else -100 for t, m in zip(row["input_ids"], row["assistant_masks"])]},
-        )
+        rows = Dataset.from_parquet(str(split_file(prepared_dir, split)))
+        return rows.map(lambda row: {"labels": labels(row[INPUT_IDS], row[LOSS_MASK])})
 
     splits = DatasetDict({"train": with_labels("train"), "validation": with_labels("eval")})
     splits.save_to_disk(str(out))
-    return "seq_lengths" in splits["train"].column_names
 
 
 class Primus:
     name = "primus"
+    # Reading Megatron Bridge's output back into the checkpoint contract needs a ROCm machine to check against:
+    # until then the backend writes its experiment and launch (`write_config`, `launch_command`) but does not train.
+    capabilities = Capabilities(
+        status="translate-only", accelerators=("rocm",), max_gpus_per_node=None, max_nodes=None, max_processes=1,
+        methods=("lora", "full"), objectives=("sft",), precisions=("bf16", "fp16", "fp32"), packing=True,
+        resume=False,
+    )
+    fields = {
+        "train.backend": "registry",
+        "train.method": "config.modules.post_trainer.overrides.peft",
+        "train.lora.r": "config.modules.post_trainer.overrides.peft_dim",
+        "train.lora.alpha": "config.modules.post_trainer.overrides.peft_alpha",
+        "train.lora.dropout": "config.modules.post_trainer.overrides.peft_dropout",
+        "train.lora.target_modules": "config.modules.post_trainer.overrides.peft_target_modules",
+        "train.global_batch_size": "plan",
+        "train.micro_batch_size": "plan",
+        "train.epochs": "plan",
+        "train.max_steps": "plan",
+        "train.learning_rate": "config.modules.post_trainer.overrides.finetune_lr",
+        "train.lr_scheduler": "config.modules.post_trainer.overrides.lr_decay_style",
+        "train.warmup_ratio": "config.modules.post_trainer.overrides.lr_warmup_iters",
+        "train.weight_decay": "config.modules.post_trainer.overrides.weight_decay",
+        "train.max_grad_norm": "config.modules.post_trainer.overrides.clip_grad",
+        "train.logging_steps": "config.modules.post_trainer.overrides.log_interval",
+        "train.checkpoint_minutes": "config.modules.post_trainer.overrides.save_interval",
+        "train.seed": "config.modules.post_trainer.overrides.seed",
+        "hardware.accelerator": "capabilities",
+        "hardware.gpus": "plan",
+        "hardware.nodes": "argv",
+        "hardware.processes": "capabilities",
+        "hardware.gpu_model": "plan",
+        "hardware.gpu_memory_gb": "plan",
+        "hardware.cpus": "plan",
+        "hardware.host_memory_gb": "plan",
+    }
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        if hardware.accelerator != "rocm":
-            raise XtrainError(
-                f"train.backend primus runs on AMD GPUs with ROCm, but hardware.accelerator is "
-                f"{hardware.accelerator!r}: set hardware.accelerator: rocm (and gpus), or use another backend"
-            )
         if train.method == "lora":
             lora_targets(train.lora.target_modules)
+
+    def native(self, job: TrainJob) -> dict:
+        """The Primus experiment (the model preset it names is `preset`) and its `primus-cli` launch."""
+        dataset_dir, preset = job.work_dir / "dataset", job.work_dir / "model.yaml"
+        config = job.work_dir / "primus_posttrain.yaml"
+        return {
+            "config": experiment(job, job.out.name, train_split_is_packed(job.prepared_dir), preset.resolve()),
+            "config_file": config,
+            "preset": model_preset(job.model_dir, dataset_dir, job.plan["data"]["seq_len"], job.train.seed),
+            "preset_file": preset,
+            "dataset_dir": dataset_dir,
+            "argv": launch_command(config, job.hardware, launch_mode(job.hardware)),
+        }
 
     def run(self, job: TrainJob) -> TrainResult:
         if shutil.which("primus-cli") is None:
@@ -209,22 +231,19 @@ class Primus:
             )
         # Launching works; reading Megatron Bridge's output back into the checkpoint contract needs a
         # ROCm machine to check against, so the lane stops here rather than write an unchecked checkpoint.
-        config = self.write_config(job)
-        run_command(launch_command(config, job.hardware, launch_mode(job.hardware)))
+        launch = self.write_config(job)
+        run_command(launch["argv"])
         raise XtrainError(
             f"primus trained into {job.work_dir / 'workspace'}, but converting Megatron Bridge's output to the "
             "checkpoint contract is not implemented yet (it has never been run on a ROCm machine)"
         )
 
-    def write_config(self, job: TrainJob) -> Path:
-        """Export the data and write the model preset and experiment YAML under `job.work_dir`."""
+    def write_config(self, job: TrainJob) -> dict:
+        """Export the data and write the model preset and experiment YAML under `job.work_dir`; the launch."""
         job.work_dir.mkdir(parents=True, exist_ok=True)
-        dataset_dir = job.work_dir / "dataset"
-        packed = export_dataset(job.prepared_dir, dataset_dir)
-        preset = job.work_dir / "model.yaml"
-        spec = model_preset(job.model_dir, dataset_dir, job.plan["data"]["seq_len"], job.train.seed)
-        preset.write_text(yaml.safe_dump(spec, sort_keys=False))
-        config = job.work_dir / "primus_posttrain.yaml"
-        exp = experiment(job, job.out.name, packed, preset.resolve())
-        config.write_text(yaml.safe_dump(exp, sort_keys=False))
-        return config
+        launch = self.native(job)
+        export_dataset(job.prepared_dir, launch["dataset_dir"])
+        launch["preset_file"].write_text(yaml.safe_dump(launch["preset"], sort_keys=False))
+        launch["config_file"].write_text(yaml.safe_dump(launch["config"], sort_keys=False))
+        return launch
+

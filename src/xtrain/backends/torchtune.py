@@ -4,8 +4,8 @@ The lane translates recipe + plan into a torchtune config (the model built from 
 shape with torchtune's Llama 3.2 component builders, HF checkpoints in and out, xtrain's prepared tokens as
 the dataset), checks it with `tune validate`, launches `tune run` with the device overrides, and turns
 torchtune's output into the checkpoint contract: the PEFT adapter (or the full model) and the tokenizer,
-and the loss curve from torchtune's metric log. `xtrain_torchtune` (src/) holds the components the config
-names; it runs inside torchtune's environment.
+and the loss curve from torchtune's metric log. `xtrain_lanes.torchtune_components` holds the components the
+config names; it runs inside torchtune's environment.
 """
 
 from __future__ import annotations
@@ -21,18 +21,22 @@ from typing import Any
 
 import yaml
 
+from xtrain_lanes import LANE_PATH
+from xtrain_lanes.prepared import INPUT_IDS, split_file, train_split_is_packed
+
 from ..envs import lane_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from . import TrainJob, TrainResult
+from .base import Capabilities, TrainJob, TrainResult, grouped_lora_targets
 
 log = logging.getLogger(__name__)
 
-COMPONENTS = Path(__file__).resolve().parents[2]  # src/, where xtrain_torchtune.py lives
+COMPONENTS = "xtrain_lanes.torchtune_components"
 # Recipe LoRA targets -> torchtune's names. torchtune adapts the MLP as a whole (w1, w2, w3 together).
 ATTENTION = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
 MLP = ("gate_proj", "up_proj", "down_proj")
+LORA_GROUPS = {**{name: (name,) for name in ATTENTION}, "mlp": MLP}
 DTYPE = {"fp32": "fp32", "bf16": "bf16"}
 # torchtune's metric log: "Step 3 | loss:6.93 lr:0.005 tokens_per_second_per_gpu:1234.5 ..."
 STEP_LINE = re.compile(r"^Step (\d+) \| (.*)$")
@@ -40,22 +44,8 @@ STEP_LINE = re.compile(r"^Step (\d+) \| (.*)$")
 
 def lora_layout(target_modules: list[str]) -> tuple[list[str], bool]:
     """(lora_attn_modules, apply_lora_to_mlp) for the recipe's targets; what torchtune cannot adapt is an error."""
-    if target_modules == ["all-linear"]:
-        return list(ATTENTION.values()), True
-    wanted = set(target_modules)
-    unknown = sorted(wanted - set(ATTENTION) - set(MLP))
-    if unknown:
-        raise XtrainError(
-            f"train.lora.target_modules {unknown}: the torchtune lane adapts {sorted(ATTENTION)} and the MLP "
-            f"({', '.join(MLP)}), or all-linear"
-        )
-    mlp = wanted & set(MLP)
-    if mlp and mlp != set(MLP):
-        raise XtrainError(
-            f"train.lora.target_modules: torchtune adapts the MLP's {', '.join(MLP)} together; list all three "
-            "or none of them"
-        )
-    return [ATTENTION[name] for name in ATTENTION if name in wanted], bool(mlp)
+    groups = grouped_lora_targets("torchtune", target_modules, LORA_GROUPS)
+    return [ATTENTION[name] for name in groups if name in ATTENTION], "mlp" in groups
 
 
 def model_component(model_dir: Path, train: Train) -> dict[str, Any]:
@@ -138,7 +128,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
     return {
         "output_dir": str(out),
         "model": model_component(job.model_dir, train),
-        "tokenizer": {"_component_": "xtrain_torchtune.special_tokens", "path": str(job.model_dir)},
+        "tokenizer": {"_component_": f"{COMPONENTS}.special_tokens", "path": str(job.model_dir)},
         "checkpointer": {
             "_component_": "torchtune.training.FullModelHFCheckpointer",
             "checkpoint_dir": str(job.model_dir),
@@ -150,8 +140,8 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
         "resume_from_checkpoint": False,
         "save_adapter_weights_only": False,
         "dataset": {
-            "_component_": "xtrain_torchtune.prepared_dataset",
-            "path": str(job.prepared_dir / "train.parquet"),
+            "_component_": f"{COMPONENTS}.prepared_dataset",
+            "path": str(split_file(job.prepared_dir)),
             "packed": packed,
             "seed": train.seed,
             "seq_len": plan["data"]["seq_len"],
@@ -165,7 +155,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
             "weight_decay": train.weight_decay,
         },
         "lr_scheduler": {
-            "_component_": "xtrain_torchtune.lr_scheduler",
+            "_component_": f"{COMPONENTS}.lr_scheduler",
             "schedule": train.lr_scheduler,
             "warmup_ratio": train.warmup_ratio,
         },
@@ -181,17 +171,6 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
         "log_every_n_steps": 1,
         "profiler": {"_component_": "torchtune.training.setup_torch_profiler", "enabled": False},
     }
-
-
-def components():
-    """xtrain_torchtune, loaded from its file: it lives beside the xtrain package, not inside it, because
-    it must import in torchtune's environment where xtrain's own dependencies are absent."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("xtrain_torchtune", COMPONENTS / "xtrain_torchtune.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def launch_command(python: str, recipe: str, config: Path, device: str, dtype: str) -> list[str]:
@@ -299,22 +278,70 @@ def adapter_tolerance(precision: str) -> float:
 
 class Torchtune:
     name = "torchtune"
+    # Its single-device recipes; its environment holds a CPU/CUDA torch.
+    capabilities = Capabilities(
+        status="trains", accelerators=("cpu", "cuda"), max_gpus_per_node=1, max_nodes=1, max_processes=1,
+        methods=("lora", "full"), objectives=("sft",), precisions=("fp32", "bf16"), packing=True, resume=False,
+    )
+    fields = {
+        "train.backend": "registry",
+        "train.method": "argv",
+        "train.lora.r": "config.model.lora_rank",
+        "train.lora.alpha": "config.model.lora_alpha",
+        "train.lora.dropout": "config.model.lora_dropout",
+        "train.lora.target_modules": "config.model.lora_attn_modules",
+        "train.global_batch_size": "plan",
+        "train.micro_batch_size": "plan",
+        "train.epochs": "plan",
+        "train.max_steps": "plan",
+        "train.learning_rate": "config.optimizer.lr",
+        "train.lr_scheduler": "config.lr_scheduler.schedule",
+        "train.warmup_ratio": "config.lr_scheduler.warmup_ratio",
+        "train.weight_decay": "config.optimizer.weight_decay",
+        "train.max_grad_norm": "config.clip_grad_norm",
+        "train.logging_steps": "logging_steps",
+        "train.checkpoint_minutes": "log: torchtune 0.6.1 saves its resumable state at the end of each epoch only",
+        "train.seed": "config.seed",
+        "hardware.accelerator": "argv",
+        "hardware.gpus": "capabilities",
+        "hardware.nodes": "capabilities",
+        "hardware.processes": "capabilities",
+        "hardware.gpu_model": "plan",
+        "hardware.gpu_memory_gb": "plan",
+        "hardware.cpus": "plan",
+        "hardware.host_memory_gb": "plan",
+    }
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        if hardware.accelerator == "rocm":
-            raise XtrainError("train.backend torchtune: its environment holds a CPU/CUDA torch; use accelerator cpu or cuda")
-        if hardware.nodes != 1 or hardware.gpus > 1:
-            raise XtrainError(
-                "train.backend torchtune runs its single-device recipes: set hardware.nodes: 1 and gpus: 0 or 1"
-            )
         if train.method == "lora":
             lora_layout(train.lora.target_modules)
 
-    def run(self, job: TrainJob) -> TrainResult:
+    def native(self, job: TrainJob) -> dict:
+        """torchtune's config, `tune run` and its environment; `train_rows`: the prepared train rows' lengths."""
         import pyarrow.parquet as pq
 
         if job.plan["precision"] not in DTYPE:
             raise XtrainError(f"plan precision {job.plan['precision']!r} is not supported by torchtune; re-run the plan")
+        lengths = [len(ids) for ids in pq.read_table(split_file(job.prepared_dir), columns=[INPUT_IDS])
+                   .column(INPUT_IDS).to_pylist()]
+        config = torchtune_config(job, len(lengths), train_split_is_packed(job.prepared_dir))
+        python = lane_python("torchtune", "torchtune", must_exist=False)
+        recipe = "lora_finetune_single_device" if job.train.method == "lora" else "full_finetune_single_device"
+        device = "cuda" if job.hardware.accelerator == "cuda" else "cpu"
+        config_file = job.work_dir / "torchtune.yaml"
+        return {
+            "config": config, "config_file": config_file, "train_rows": lengths,
+            "validate": [python, "-m", "torchtune._cli.tune", "validate", str(config_file)],
+            "argv": launch_command(python, recipe, config_file, device, DTYPE[job.plan["precision"]]),
+            "env": {"PYTHONPATH": LANE_PATH},
+            # torchtune logs every step; `log_history` averages them over train.logging_steps as the trl lanes do.
+            "logging_steps": job.train.logging_steps,
+        }
+
+    def run(self, job: TrainJob) -> TrainResult:
+        from xtrain_lanes.torchtune_components import rows_trained
+
+        lane_python("torchtune", "torchtune")  # its environment is built
         if job.plan["precision"] == "bf16":
             log.info("plan precision bf16 -> torchtune dtype=bf16: torchtune holds weights and activations in "
                      "bf16 (it has no fp32-weights autocast mode)")
@@ -325,28 +352,19 @@ class Torchtune:
                  "torchtune's sampler itself always shuffles with seed 0")
         log.info("train.checkpoint_minutes is not applied: torchtune 0.6.1 saves its resumable state at the end "
                  "of each epoch only; an interrupted run restarts")
-        schema = pq.read_schema(job.prepared_dir / "train.parquet")
-        packed = "seq_lengths" in schema.names
-        lengths = [len(ids) for ids in pq.read_table(job.prepared_dir / "train.parquet", columns=["input_ids"])
-                   .column("input_ids").to_pylist()]
-        config = torchtune_config(job, len(lengths), packed)
         shutil.rmtree(job.work_dir, ignore_errors=True)  # a torchtune run starts over (see above)
+        launch = self.native(job)
+        config, lengths = launch["config"], launch["train_rows"]
         job.work_dir.mkdir(parents=True)
-        config_path = job.work_dir / "torchtune.yaml"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-
-        python = lane_python("torchtune", "torchtune")
-        env = {"PYTHONPATH": str(COMPONENTS)}
-        run_command([python, "-m", "torchtune._cli.tune", "validate", str(config_path)], env=env)
-        recipe = "lora_finetune_single_device" if job.train.method == "lora" else "full_finetune_single_device"
-        device = "cuda" if job.hardware.accelerator == "cuda" else "cpu"
+        launch["config_file"].write_text(yaml.safe_dump(config, sort_keys=False))
+        run_command(launch["validate"], env=launch["env"])
         started = time.perf_counter()
-        run_command(launch_command(python, recipe, config_path, device, DTYPE[job.plan["precision"]]), env=env)
+        run_command(launch["argv"], env=launch["env"])
         seconds = time.perf_counter() - started
 
         out = Path(config["output_dir"])
         logs = sorted((out / "logs").glob("log_*.txt"))
-        history = log_history(logs[-1], job.train.logging_steps)
+        history = log_history(logs[-1], launch["logging_steps"])
         # torchtune steps on whatever the gradients are: a non-finite loss means the saved weights carry it.
         broken = next((entry["step"] for entry in history if not math.isfinite(entry["loss"])), None)
         if broken is not None:
@@ -366,6 +384,6 @@ class Torchtune:
                 )
         steps_per_epoch = config["max_steps_per_epoch"] or history[-1]["step"] // config["epochs"]
         rows_per_epoch = steps_per_epoch * config["gradient_accumulation_steps"] * config["batch_size"]
-        trained = components().rows_trained(len(lengths), job.train.seed, config["epochs"], rows_per_epoch)
+        trained = rows_trained(len(lengths), job.train.seed, config["epochs"], rows_per_epoch)
         return TrainResult(log_history=history, tokens_seen=sum(lengths[row] for row in trained),
                            train_seconds=seconds)

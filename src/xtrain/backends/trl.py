@@ -12,15 +12,42 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from xtrain_lanes.prepared import split_file, train_split_is_packed, training_columns
+from xtrain_lanes.trainer_parts import save_every, step_grouped
+
 from ..errors import XtrainError
-from ..recipe import Train
-from . import TrainJob, TrainResult, guards
-from .trainer_parts import save_every, step_grouped
+from . import guards
+from .base import TrainJob, TrainResult
 
 log = logging.getLogger(__name__)
 
 Device = Literal["cpu", "cuda", "rocm"]
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# Where each recipe field lands in `native` (see backends/base.py); the backends add their hardware fields.
+TRL_FIELDS = {
+    "train.backend": "registry",
+    "train.method": "peft",
+    "train.lora.r": "peft.r",
+    "train.lora.alpha": "peft.lora_alpha",
+    "train.lora.dropout": "peft.lora_dropout",
+    "train.lora.target_modules": "peft.target_modules",
+    "train.global_batch_size": "plan",
+    "train.micro_batch_size": "plan",
+    "train.epochs": "config.num_train_epochs",
+    "train.max_steps": "config.max_steps",
+    "train.learning_rate": "config.learning_rate",
+    "train.lr_scheduler": "config.lr_scheduler_type",
+    "train.warmup_ratio": "config.warmup_steps",
+    "train.weight_decay": "config.weight_decay",
+    "train.max_grad_norm": "config.max_grad_norm",
+    "train.logging_steps": "config.logging_steps",
+    "train.checkpoint_minutes": "save_every_seconds",
+    "train.seed": "config.seed",
+    "hardware.gpu_model": "plan",
+    "hardware.gpu_memory_gb": "plan",
+    "hardware.cpus": "plan",
+    "hardware.host_memory_gb": "plan",
+}
 
 
 @dataclass(frozen=True)
@@ -31,9 +58,9 @@ class Placement:
     precision: str  # fp32 (no autocast), bf16 or fp16
 
 
-def callbacks(train: Train) -> list:
-    """Every callback the trainer runs with, for every TRL lane."""
-    return [save_every(train.checkpoint_minutes * 60), *guards.callbacks()]
+def callbacks(save_every_seconds: float) -> list:
+    """Every callback the trainer runs with, for every TRL backend."""
+    return [save_every(save_every_seconds), *guards.callbacks()]
 
 
 def cpu_placement(plan: dict) -> Placement:
@@ -71,20 +98,46 @@ def trainer_class():
     return XtrainSFTTrainer
 
 
-def fsdp_settings(plan: dict, model) -> dict:
+def fsdp_settings(job: TrainJob) -> dict:
     """FSDP (weights, gradients and optimizer states sharded, one decoder block per unit) when the plan's layout
     is `fsdp`; nothing for `single` and `ddp` (the trainer replicates under torchrun by itself)."""
+    plan = job.plan
     if plan["layout"]["strategy"] != "fsdp":
         return {}
     return {
         "fsdp": "full_shard auto_wrap",
         "fsdp_config": {
             "version": 2,
-            "transformer_layer_cls_to_wrap": list(model._no_split_modules or []),
+            "transformer_layer_cls_to_wrap": decoder_blocks(job),
             # The checkpoint contract wants one HF-loadable file, not per-rank shards.
             "state_dict_type": "FULL_STATE_DICT",
             "activation_checkpointing": plan["gradient_checkpointing"],
         },
+    }
+
+
+def decoder_blocks(job: TrainJob) -> list[str]:
+    """The model's decoder block classes (FSDP's wrapping units), from a copy built on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=job.trust_remote_code)
+    return list(model._no_split_modules or [])
+
+
+def native(job: TrainJob, placement: Placement) -> dict:
+    """What the TRL backends train with: the placement, `SFTConfig`'s arguments (FSDP's included) and
+    `peft.LoraConfig`'s (None for a full fine-tune)."""
+    packed = train_split_is_packed(job.prepared_dir)
+    fsdp = fsdp_settings(job)
+    return {
+        "placement": {"device": placement.device, "precision": placement.precision},
+        "config": sft_arguments(job, placement, packed, fsdp=bool(fsdp)) | fsdp,
+        "peft": job.train.lora.peft_kwargs() | {"task_type": "CAUSAL_LM"} if job.train.method == "lora" else None,
+        "columns": training_columns(packed),
+        "save_every_seconds": job.train.checkpoint_minutes * 60,
     }
 
 
@@ -145,6 +198,7 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
 
     train, plan = job.train, job.plan
     on_cpu = placement.device == "cpu"
+    settings = native(job, placement)
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code)
     # LoRA on a GPU holds the frozen base in 16 bits (plan weights_dtype), in the dtype autocast really uses;
     # the CPU and full fine-tunes keep fp32 (master) weights.
@@ -153,18 +207,12 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, trust_remote_code=job.trust_remote_code)
     # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.
     model.config.use_cache = False
-    dataset = Dataset.from_parquet(str(job.prepared_dir / "train.parquet"))
-    # Prepare packs with TRL's packer: `seq_lengths` marks the sequences inside each row.
-    packed = "seq_lengths" in dataset.column_names
-    dataset = dataset.select_columns(["input_ids", "assistant_masks"] + (["seq_lengths"] if packed else []))
-    peft_config = None
-    if train.method == "lora":
-        peft_config = LoraConfig(**train.lora.peft_kwargs(), task_type="CAUSAL_LM")
-    fsdp = fsdp_settings(plan, model)
-    args = SFTConfig(**sft_arguments(job, placement, packed, fsdp=bool(fsdp)), **fsdp)
+    dataset = Dataset.from_parquet(str(split_file(job.prepared_dir))).select_columns(settings["columns"])
+    peft_config = LoraConfig(**settings["peft"]) if settings["peft"] else None
+    args = SFTConfig(**settings["config"])
     trainer = trainer_class()(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
-        callbacks=callbacks(train),
+        callbacks=callbacks(settings["save_every_seconds"]),
     )
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=job.resume_from)

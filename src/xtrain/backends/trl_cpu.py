@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 from ..recipe import Hardware, Train
-from . import TrainJob, TrainResult, require_one_cpu_process
-from .trl import cpu_placement, train_and_save
+from .base import Capabilities, TrainJob, TrainResult
+from .trl import TRL_FIELDS, cpu_placement, native, train_and_save
 
 
 class TrlCpu:
     name = "trl_cpu"
+    capabilities = Capabilities(
+        status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
+        methods=("lora", "full"), objectives=("sft",), precisions=("fp32", "bf16"), packing=True, resume=True,
+    )
+    fields = TRL_FIELDS | {
+        "hardware.accelerator": "capabilities",
+        "hardware.gpus": "capabilities",
+        "hardware.nodes": "capabilities",
+        "hardware.processes": "capabilities",
+    }
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        require_one_cpu_process(self.name, hardware, "(this lane trains on the CPU)")
+        """Nothing beyond its capabilities."""
+
+    def native(self, job: TrainJob) -> dict:
+        return native(job, cpu_placement(job.plan))
 
     def run(self, job: TrainJob) -> TrainResult:
         return train_and_save(job, cpu_placement(job.plan))

@@ -26,8 +26,8 @@ from ..envs import lane_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from . import TrainJob, TrainResult
-from .trl import Device, Placement, cpu_placement, train_and_save
+from .base import Capabilities, TrainJob, TrainResult
+from .trl import TRL_FIELDS, Device, Placement, cpu_placement, native, train_and_save
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,17 @@ def read_job(path: Path) -> TrainJob:
 
 class TrlLocal:
     name = "trl_local"
+    capabilities = Capabilities(
+        status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None,
+        max_processes=None, methods=("lora", "full"), objectives=("sft",), precisions=("fp32", "bf16", "fp16"),
+        packing=True, resume=True,
+    )
+    fields = TRL_FIELDS | {
+        "hardware.accelerator": "placement.device",
+        "hardware.gpus": "argv",
+        "hardware.nodes": "argv",
+        "hardware.processes": "argv",
+    }
 
     def check(self, train: Train, hardware: Hardware) -> None:
         if hardware.accelerator == "cpu" and hardware.nodes != 1:
@@ -143,6 +154,18 @@ class TrlLocal:
                 "train.backend trl_local runs CPU training on one node: set hardware.nodes: 1 (more CPU processes "
                 "with hardware.processes), or train on GPUs"
             )
+
+    def native(self, job: TrainJob) -> dict:
+        """The trainer's settings for the recipe's device (bf16 -> fp16 on a GPU without bf16 is decided at run
+        time), and the torchrun launch: one worker per device of a node, under srun on several nodes."""
+        hardware = job.hardware
+        where = (cpu_placement(job.plan) if hardware.accelerator == "cpu"
+                 else Placement(hardware.accelerator, job.plan["precision"]))
+        env = {"SLURM_JOB_ID": "$SLURM_JOB_ID", "SLURM_JOB_NUM_NODES": str(hardware.nodes),
+               "SLURM_JOB_NODELIST": "$SLURM_JOB_NODELIST"} if hardware.nodes > 1 else {}
+        argv = (None if hardware.devices == 1 and hardware.accelerator == "cpu" else
+                torchrun_command(lane_python(self.name, "trl"), hardware, job.work_dir / JOB_FILE, env))
+        return native(job, where) | {"argv": argv}
 
     def run(self, job: TrainJob) -> TrainResult:
         hardware = job.hardware

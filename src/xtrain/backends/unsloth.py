@@ -2,7 +2,7 @@
 
 The lane writes a JSON job (model, prepared train split, LoRA settings, and the `SFTConfig` arguments it shares
 with trl_cpu, so both lanes train with the same settings on the same tokens) and launches
-`unsloth_runner.py` with the interpreter of envs/unsloth.yaml; the runner leaves the adapter (or full model) and
+`xtrain_lanes.unsloth_runner` with the interpreter of envs/unsloth.yaml; the runner leaves the adapter (or full model) and
 tokenizer in `job.out` and its log history in a result file.
 """
 
@@ -10,25 +10,38 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from xtrain_lanes import LANE_PATH
+from xtrain_lanes.prepared import split_file, train_split_is_packed, training_columns
+
 from ..artifacts import read_json, write_json
 from ..envs import lane_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from . import TrainJob, TrainResult, require_one_cpu_process
-from .trl import cpu_placement, sft_arguments
+from .base import Capabilities, TrainJob, TrainResult
+from .trl import TRL_FIELDS, cpu_placement, sft_arguments
 
-RUNNER = Path(__file__).with_name("unsloth_runner.py")
+RUNNER = "xtrain_lanes.unsloth_runner"
 
 
 class Unsloth:
     name = "unsloth"
+    # The CPU only, for now: its environment (envs/unsloth.yaml) is built and tested with the CPU torch.
+    capabilities = Capabilities(
+        status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
+        methods=("lora", "full"), objectives=("sft",), precisions=("fp32", "bf16"), packing=True, resume=True,
+    )
+    # The runner hands the shared SFTConfig arguments to TRL; the model and LoRA settings to Unsloth's loader.
+    fields = {**{field: where.replace("peft.", "job.lora.").replace("config.", "job.sft.")
+                 for field, where in TRL_FIELDS.items()},
+              "train.method": "job.method",
+              "train.checkpoint_minutes": "job.checkpoint_seconds",
+              "hardware.accelerator": "capabilities",
+              "hardware.gpus": "capabilities",
+              "hardware.nodes": "capabilities",
+              "hardware.processes": "capabilities"}
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        require_one_cpu_process(
-            self.name, hardware, "yet (its environment, envs/unsloth.yaml,"
-            " is built and tested with the CPU torch only)"
-        )
         if train.method == "lora" and train.lora.target_modules == ["all-linear"]:
             raise XtrainError(
                 "train.backend unsloth: train.lora.target_modules ['all-linear'] is not understood by Unsloth's "
@@ -36,36 +49,41 @@ class Unsloth:
                 "down_proj])"
             )
 
-    def run(self, job: TrainJob) -> TrainResult:
-        import pyarrow.parquet as pq
-
+    def native(self, job: TrainJob) -> dict:
+        """The runner's job description (model, prepared rows, LoRA, the shared SFTConfig arguments) and launch."""
         train, plan = job.train, job.plan
-        train_parquet = job.prepared_dir / "train.parquet"
-        columns = pq.read_schema(train_parquet).names
-        # Prepare packs with TRL's packer: `seq_lengths` marks the sequences inside each row.
-        packed = "seq_lengths" in columns
-        job.work_dir.mkdir(parents=True, exist_ok=True)
+        packed = train_split_is_packed(job.prepared_dir)
         description, result = job.work_dir / "unsloth_job.json", job.work_dir / "unsloth_result.json"
+        return {
+            "job": {
+                "model_dir": str(job.model_dir.resolve()),
+                "train_parquet": str(split_file(job.prepared_dir).resolve()),
+                "columns": training_columns(packed),
+                "seq_len": plan["data"]["seq_len"],
+                "method": train.method,
+                "lora": train.lora.peft_kwargs() if train.method == "lora" else None,
+                "gradient_checkpointing": plan["gradient_checkpointing"],
+                "seed": train.seed,
+                "trust_remote_code": job.trust_remote_code,
+                "sft": sft_arguments(job, cpu_placement(plan), packed) | {"output_dir": str(job.work_dir.resolve())},
+                "checkpoint_seconds": train.checkpoint_minutes * 60,
+                "resume_from": str(Path(job.resume_from).resolve()) if job.resume_from else None,
+                "out": str(job.out.resolve()),
+                "result": str(result.resolve()),
+            },
+            "job_file": description,
+            "argv": [lane_python(self.name, "unsloth", must_exist=False), "-m", RUNNER, str(description)],
+            "env": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": LANE_PATH},
+        }
+
+    def run(self, job: TrainJob) -> TrainResult:
+        lane_python(self.name, "unsloth")  # its environment is built
+        launch = self.native(job)
+        job.work_dir.mkdir(parents=True, exist_ok=True)
+        result = Path(launch["job"]["result"])
         result.unlink(missing_ok=True)
-        write_json(description, {
-            "model_dir": str(job.model_dir.resolve()),
-            "train_parquet": str(train_parquet.resolve()),
-            "columns": ["input_ids", "assistant_masks"] + (["seq_lengths"] if packed else []),
-            "seq_len": plan["data"]["seq_len"],
-            "method": train.method,
-            "lora": train.lora.peft_kwargs() if train.method == "lora" else None,
-            "gradient_checkpointing": plan["gradient_checkpointing"],
-            "seed": train.seed,
-            "trust_remote_code": job.trust_remote_code,
-            "sft": sft_arguments(job, cpu_placement(plan), packed) | {"output_dir": str(job.work_dir.resolve())},
-            "checkpoint_seconds": train.checkpoint_minutes * 60,
-            "resume_from": str(Path(job.resume_from).resolve()) if job.resume_from else None,
-            "out": str(job.out.resolve()),
-            "result": str(result.resolve()),
-        })
-        # -I: the runner's own folder (which holds this module, named like the package) stays off sys.path.
-        python = lane_python(self.name, "unsloth")
-        run_command([python, "-I", str(RUNNER), str(description)], env={"HF_HUB_OFFLINE": "1"})
+        write_json(launch["job_file"], launch["job"])
+        run_command(launch["argv"], env=launch["env"])
         if not result.is_file():
             raise XtrainError(f"the unsloth runner exited without writing {result}; see the log above")
         outcome = read_json(result)

@@ -118,13 +118,14 @@ def make_plan(
     steps = train.max_steps or math.ceil(math.ceil(data["rows"] / train.global_batch_size) * train.epochs)
 
     candidates = []
-    for precision in precisions(hardware):
+    candidates_precisions = precisions(hardware, train.backend)
+    for precision in candidates_precisions:
         layout = choose_layout(planner, precision, per_device, longest)
         if layout:
             micro_seconds, speed = planner.seconds_per_micro_step(layout["step"], layout["step"].micro_batch * mean_len)
             candidates.append((micro_seconds * layout["accumulation"], layout, speed))
     if not candidates:
-        raise does_not_fit(planner, precisions(hardware)[0], per_device, longest)
+        raise does_not_fit(planner, candidates_precisions[0], per_device, longest)
     step_seconds, layout, speed = min(candidates, key=lambda c: c[0])  # the fastest precision that fits
     step = layout["step"]
     breakdown = planner.breakdown(step, layout["strategy"])
@@ -173,11 +174,18 @@ def make_plan(
     }
 
 
-def precisions(hardware: Hardware) -> list[str]:
-    """Candidate autocast dtypes: bf16 where the device has it natively, fp16 on older GPUs, fp32 on CPUs."""
+def device_precisions(hardware: Hardware) -> list[str]:
+    """Autocast dtypes the device runs: bf16 where it has it natively, fp16 on older GPUs, fp32 on CPUs."""
     if hardware.accelerator != "cpu":
         return ["bf16" if GPUS[hardware.gpu].bf16 else "fp16"]
     return ["fp32", "bf16"] if cpu_supports_bf16() else ["fp32"]
+
+
+def precisions(hardware: Hardware, backend: str) -> list[str]:
+    """Candidate autocast dtypes: the device's that the backend trains in (preflight refuses an empty list)."""
+    from ..backends import get_backend
+
+    return [p for p in device_precisions(hardware) if p in get_backend(backend).capabilities.precisions]
 
 
 def check_micro_batch(train: Train, hardware: Hardware) -> int:

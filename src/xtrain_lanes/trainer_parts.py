@@ -1,9 +1,8 @@
 """Pieces of transformers' Trainer that every lane built on it shares: timed saves, complete-checkpoint
 markers, and length grouping per optimizer step.
 
-The TRL lanes import this module; the unsloth runner, which runs in its lane's own interpreter without
-xtrain, loads this file by path. So it imports only the standard library at load time, transformers when
-called, and nothing from xtrain.
+The TRL backends import this module, and so does the unsloth runner in its backend's own interpreter
+(without xtrain): it imports only the standard library at load time, transformers when called.
 """
 
 from __future__ import annotations

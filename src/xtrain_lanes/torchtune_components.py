@@ -1,9 +1,10 @@
 """torchtune components of the `torchtune` lane; this module runs inside torchtune's own environment.
 
-The lane's config names these by `_component_` and puts this file's folder on PYTHONPATH. They let
+The backend's config names these by `_component_` (`xtrain_lanes.torchtune_components.…`). They let
 torchtune train on xtrain's prepared tokens (so every lane sees the same data and loss mask), give its
 recipe the pad id of the model's own tokenizer, and run the recipe's learning-rate schedule. Only the
-standard library, torch and torchtune are imported here: xtrain itself is not installed in that environment.
+standard library, torch, torchtune and `xtrain_lanes` are imported here: xtrain's stack is not in that
+environment.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
-IGNORE = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX
+from xtrain_lanes.prepared import IGNORE_INDEX, INPUT_IDS, LOSS_MASK, SEQ_LENGTHS, is_packed, labels, training_columns
+
 SAMPLER_SEED = 0  # torchtune 0.6.1's recipes build their sampler with seed=0, whatever the config's seed
 
 
@@ -43,23 +45,23 @@ def rows_trained(rows: int, seed: int, epochs: int, rows_per_epoch: int) -> list
 
 class PreparedTokens(Dataset):
     """Rows of xtrain's prepared `train.parquet`: tokens, and labels that are the tokens where
-    `assistant_masks` is 1 and IGNORE elsewhere (torchtune's recipe shifts them by one itself).
+    the loss mask is 1 and IGNORE_INDEX elsewhere (xtrain_lanes.prepared; torchtune's recipe shifts them by one
+    itself, and its CROSS_ENTROPY_IGNORE_IDX is the same -100).
 
-    Packed rows (a `seq_lengths` column) come as torchtune's pack format, as its PackedDataset makes it:
-    tensors padded to `seq_len` (pad id, labels IGNORE, the padding one more "sequence"), positions that
+    Packed rows come as torchtune's pack format, as its PackedDataset makes it:
+    tensors padded to `seq_len` (pad id, labels IGNORE_INDEX, the padding one more "sequence"), positions that
     restart at each sequence, and `seq_lens`, from which `padded_collate_packed` builds the block-causal
     mask, so sequences sharing a row do not attend to each other.
     """
 
     def __init__(self, path: str, packed: bool = False, seed: int = 0, seq_len: int | None = None, pad_id: int = 0):
         table = pq.read_table(path)
-        columns = set(table.column_names)
-        if packed != ("seq_lengths" in columns):
+        if packed != is_packed(table.column_names):
             raise ValueError(f"{path}: dataset.packed is {packed} but the rows are {'' if not packed else 'not '}packed")
         if packed and not seq_len:
             raise ValueError(f"{path}: packed rows need dataset.seq_len, the length torchtune pads each pack to")
         self.packed, self.seq_len, self.pad_id = packed, seq_len, pad_id
-        self.rows = table.select(["input_ids", "assistant_masks"] + (["seq_lengths"] if packed else [])).to_pylist()
+        self.rows = table.select(training_columns(packed)).to_pylist()
         self.order = row_order(len(self.rows), seed)
 
     def __len__(self) -> int:
@@ -67,19 +69,19 @@ class PreparedTokens(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         row = self.rows[self.order[index]]
-        tokens = row["input_ids"]
-        labels = [token if mask else IGNORE for token, mask in zip(tokens, row["assistant_masks"])]
+        tokens = row[INPUT_IDS]
+        targets = labels(tokens, row[LOSS_MASK])
         if not self.packed:
-            return {"tokens": tokens, "labels": labels}
+            return {"tokens": tokens, "labels": targets}
         padding = self.seq_len - len(tokens)
-        positions = [position for length in row["seq_lengths"] for position in range(length)]
+        positions = [position for length in row[SEQ_LENGTHS] for position in range(length)]
         # As torchtune's PackedDataset pads: positions go on counting (capped at seq_len - 1).
         positions += [min(positions[-1] + 1 + i, self.seq_len - 1) for i in range(padding)]
         return {
             "tokens": torch.tensor(tokens + [self.pad_id] * padding),
-            "labels": torch.tensor(labels + [IGNORE] * padding),
+            "labels": torch.tensor(targets + [IGNORE_INDEX] * padding),
             "input_pos": torch.tensor(positions),
-            "seq_lens": torch.tensor(list(row["seq_lengths"]) + ([padding] if padding else [])),
+            "seq_lens": torch.tensor(list(row[SEQ_LENGTHS]) + ([padding] if padding else [])),
         }
 
 

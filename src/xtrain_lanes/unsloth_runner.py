@@ -1,30 +1,22 @@
 """The `unsloth` lane's trainer, run by the lane's own interpreter (.venvs/unsloth or its conda env).
 
-`python -I unsloth_runner.py job.json`: the job (written by `xtrain.backends.unsloth`) holds the model folder,
+`python -m xtrain_lanes.unsloth_runner job.json`: the job (written by `xtrain.backends.unsloth`) holds the model folder,
 the prepared train split, the LoRA settings and the `SFTConfig` arguments every TRL-based lane shares; this
 script loads the model with Unsloth's `FastLanguageModel`, trains with TRL's `SFTTrainer` on the prepared
 tokens, saves the weights and tokenizer into the job's `out` and writes the log history to its `result`.
 The lane's environment has Unsloth's stack, not xtrain's, so the runner imports no xtrain module; the Trainer
-pieces every lane shares it loads by path from trainer_parts.py.
+pieces every lane shares come from `xtrain_lanes.trainer_parts`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
 
-
-def trainer_parts():
-    """xtrain's shared Trainer pieces (backends/trainer_parts.py, beside this file), loaded by path: this
-    interpreter has no xtrain to import them from, and the module needs nothing but transformers."""
-    spec = importlib.util.spec_from_file_location("trainer_parts", Path(__file__).with_name("trainer_parts.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from xtrain_lanes import trainer_parts
 
 
 def sft_config(arguments: dict):
@@ -50,9 +42,9 @@ def main(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     # Unsloth patches transformers and TRL when imported, so it comes first.
     import torch
-    from unsloth import FastLanguageModel
     from datasets import Dataset
     from trl import SFTTrainer
+    from unsloth import FastLanguageModel
 
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=job["model_dir"],
@@ -80,10 +72,9 @@ def main(job_path: str) -> None:
         )
     dataset = Dataset.from_parquet(job["train_parquet"]).select_columns(job["columns"])
     # The same saves, checkpoint markers and row order per step as trl_cpu: the same seed trains on the same rows.
-    parts = trainer_parts()
-    trainer = parts.step_grouped(SFTTrainer)(
+    trainer = trainer_parts.step_grouped(SFTTrainer)(
         model=model, args=sft_config(job["sft"]), train_dataset=dataset, processing_class=tokenizer,
-        callbacks=[parts.save_every(job["checkpoint_seconds"]), parts.mark_complete()],
+        callbacks=[trainer_parts.save_every(job["checkpoint_seconds"]), trainer_parts.mark_complete()],
     )
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=job["resume_from"])
