@@ -28,5 +28,5 @@ def test_a_recipe_the_lane_refuses_stops_the_workflow_before_any_job(tmp_path):
     result = snakemake(project, "-n", check=False)
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    assert "recipes/gpu.yaml: train.backend axolotl: hardware.accelerator 'cuda' is not supported yet" in output
+    assert "recipes/gpu.yaml: train.backend axolotl runs on hardware.accelerator cpu, not 'cuda'" in output
     assert "rule " not in output, "no job was scheduled"

@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from xtrain_lanes.prepared import IGNORE_INDEX, INPUT_IDS, LOSS_MASK, labels, split_file
+
 from . import generations
 from .artifacts import write_json
 from .recipe import Eval
@@ -22,8 +24,8 @@ from .recipe import Eval
 def load_eval_split(prepared_dir: Path) -> tuple[list[list[int]], list[list[int]], list[str]]:
     from datasets import Dataset
 
-    split = Dataset.from_parquet(str(prepared_dir / "eval.parquet"))
-    return split["input_ids"], split["assistant_masks"], split["row_hash"]
+    split = Dataset.from_parquet(str(split_file(prepared_dir, "eval")))
+    return split[INPUT_IDS], split[LOSS_MASK], split["row_hash"]
 
 
 def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tuple[float, int]:
@@ -42,19 +44,20 @@ def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tup
             width = max(len(r) for r in rows)
             ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
             attention = torch.zeros((len(rows), width), dtype=torch.long)
-            labels = torch.full((len(rows), width), -100, dtype=torch.long)
+            targets = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
             for i, (row, mask) in enumerate(zip(rows, row_masks)):
                 ids[i, : len(row)] = torch.tensor(row)
                 attention[i, : len(row)] = 1
-                labels[i, : len(row)] = torch.where(torch.tensor(mask) == 1, torch.tensor(row), -100)
+                targets[i, : len(row)] = torch.tensor(labels(row, mask))
             logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
             # Position t predicts token t+1.
-            targets = labels[:, 1:]
+            targets = targets[:, 1:]
             nll = F.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100, reduction="sum"
+                logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                reduction="sum",
             )
             total += nll.item()
-            count += int((targets != -100).sum())
+            count += int((targets != IGNORE_INDEX).sum())
     return total, count
 
 
