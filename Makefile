@@ -14,7 +14,7 @@ $(STAMP): envs/xtrain.yaml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
 	sed -n 's/^ \{6\}- //p' envs/xtrain.yaml > $(VENV)/requirements.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements.txt pytest==9.2.0 pytest-xdist==3.8.0
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements.txt pytest==9.2.0 pytest-xdist==3.8.0 snakefmt==2.1.0
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --editable .
 	$(BIN)/python -m pip check
 	touch $@
@@ -35,8 +35,10 @@ showcase: venv
 test: venv
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
+# The Snakemake workflow catalog's standard: lint clean and snakefmt-formatted (line length in pyproject.toml).
 lint: venv
 	$(BIN)/snakemake --lint
+	$(BIN)/snakefmt --check .
 
 docs: venv
 	$(BIN)/python -m xtrain.docs
@@ -46,4 +48,4 @@ dvc.yaml: venv
 	$(BIN)/python -m xtrain.dvc_stages
 
 clean:
-	rm -rf models prepared plans checkpoints reports runs logs .snakemake
+	rm -rf models prepared plans checkpoints reports runs logs benchmarks .snakemake

@@ -11,7 +11,6 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from xtrain.preflight import preflight  # noqa: E402
 from xtrain.recipe import RecipeError, stage_params  # noqa: E402
 
-
 validate(config, "../config/config.schema.yaml")
 
 

@@ -3,11 +3,11 @@ rule build_lane_env:
         spec="envs/{backend}.yaml",
     output:
         ".venvs/{backend}/ready.json",
-    params:
-        uninstall=lane_uninstall,
     log:
         "logs/envs/{backend}.log",
     conda:
         "../envs/xtrain.yaml"
+    params:
+        uninstall=lane_uninstall,
     script:
         "../scripts/build_lane_env.py"

@@ -7,12 +7,15 @@ rule evaluate:
     output:
         metrics="reports/{recipe}/eval.json",
         generations="reports/{recipe}/generations.json",
-    params:
-        recipe=recipe_slice("evaluate"),
     log:
         "logs/{recipe}/evaluate.log",
+    benchmark:
+        "benchmarks/{recipe}/evaluate.tsv"
+    threads: workflow.cores
     conda:
         "../envs/xtrain.yaml"
+    params:
+        recipe=recipe_slice("evaluate"),
     script:
         "../scripts/evaluate.py"
 
@@ -29,12 +32,12 @@ rule report:
         metrics_plot=report("reports/{recipe}/plots/metrics.svg", category="{recipe}", labels={"plot": "base vs tuned"}),
         training_plot=report("reports/{recipe}/plots/training.svg", category="{recipe}", labels={"plot": "training"}),
         lengths_plot=report("reports/{recipe}/plots/lengths.svg", category="{recipe}", labels={"plot": "token lengths"}),
-    params:
-        recipe=recipe_slice("report"),
     log:
         "logs/{recipe}/report.log",
     conda:
         "../envs/xtrain.yaml"
+    params:
+        recipe=recipe_slice("report"),
     script:
         "../scripts/report.py"
 
@@ -46,12 +49,12 @@ rule gate:
         report="reports/{recipe}/report.html",
     output:
         "reports/{recipe}/gate.json",
-    params:
-        recipe=recipe_slice("gate"),
     log:
         "logs/{recipe}/gate.log",
     conda:
         "../envs/xtrain.yaml"
+    params:
+        recipe=recipe_slice("gate"),
     script:
         "../scripts/gate.py"
 

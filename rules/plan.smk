@@ -4,11 +4,11 @@ rule plan:
         prepared="prepared/{recipe}",
     output:
         "plans/{recipe}/plan.json",
-    params:
-        recipe=recipe_slice("plan"),
     log:
         "logs/{recipe}/plan.log",
     conda:
         "../envs/xtrain.yaml"
+    params:
+        recipe=recipe_slice("plan"),
     script:
         "../scripts/plan.py"

@@ -4,11 +4,14 @@ rule prepare:
         model=model_dir,
     output:
         directory("prepared/{recipe}"),
-    params:
-        recipe=recipe_slice("prepare"),
     log:
         "logs/{recipe}/prepare.log",
+    benchmark:
+        "benchmarks/{recipe}/prepare.tsv"
+    threads: workflow.cores
     conda:
         "../envs/xtrain.yaml"
+    params:
+        recipe=recipe_slice("prepare"),
     script:
         "../scripts/prepare.py"

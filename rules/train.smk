@@ -6,9 +6,14 @@ rule train:
         env=lane_env,
     output:
         directory("checkpoints/{recipe}"),
-    params:
-        recipe=recipe_slice("train"),
-        work_dir="runs/{recipe}",
+    log:
+        "logs/{recipe}/train.log",
+    benchmark:
+        "benchmarks/{recipe}/train.tsv"
+    conda:
+        train_env
+    container:
+        train_container
     threads: workflow.cores
     resources:
         mem_mb=planned("mem_mb", 4096),
@@ -16,11 +21,8 @@ rule train:
         gpu=planned("gpus", 0),
         cpus_per_task=planned("cpus", 2),
         nodes=planned("nodes", 1),
-    log:
-        "logs/{recipe}/train.log",
-    conda:
-        train_env
-    container:
-        train_container
+    params:
+        recipe=recipe_slice("train"),
+        work_dir="runs/{recipe}",
     script:
         "../scripts/dispatch.py"

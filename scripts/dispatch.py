@@ -21,4 +21,5 @@ run_stage(
         trust_remote_code=trusts_remote_code(recipe),
     ),
     recipe_file(snakemake),
+    threads=snakemake.threads,
 )

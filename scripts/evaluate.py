@@ -19,4 +19,5 @@ run_stage(
         trust_remote_code=trusts_remote_code(snakemake.params.recipe),
     ),
     recipe_file(snakemake),
+    threads=snakemake.threads,
 )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
+from conftest import REPO, SNAKEMAKE, copy_workflow, scheduled_jobs, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +72,9 @@ def test_complete_build_has_every_target(project):
         assert (project / f"checkpoints/{recipe}/manifest.json").is_file()
         metrics = json.loads((project / f"reports/{recipe}/eval.json").read_text())
         assert metrics["tuned_loss"] < metrics["base_loss"]
+        for stage in ("prepare", "train", "evaluate"):  # each job's measured time and peak memory
+            header = (project / f"benchmarks/{recipe}/{stage}.tsv").read_text().splitlines()[0].split("\t")
+            assert header[:2] == ["s", "h:m:s"] and "max_rss" in header
 
 
 def test_nothing_to_do_after_complete_build(project):
@@ -136,6 +140,9 @@ def test_unknown_recipe_target_is_named(project):
 def test_lint_is_clean(project):
     result = snakemake(project, "--lint")
     assert "Congratulations" in result.stdout + result.stderr, result.stdout + result.stderr
+    formatted = subprocess.run([str(Path(SNAKEMAKE).with_name("snakefmt")), "--check", "."], cwd=REPO,
+                               capture_output=True, text=True)
+    assert formatted.returncode == 0, f"run `snakefmt .`:\n{formatted.stderr}"
 
 
 def test_real_rerun_after_learning_rate_edit_touches_only_train_and_reporting(project):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,9 +37,24 @@ def recipe_file(smk) -> str:
     return str(Path(smk.config["recipes"]) / f"{smk.wildcards.recipe}.yaml")
 
 
-def run_stage(log_path: str, body: Callable[[], Any], recipe: str | None = None) -> None:
-    """Run a stage's body with logging to `log_path` and stderr; a user error, or a full disk, exits 1
-    without a traceback. `recipe` (the recipe file) prefixes the message when it does not name it yet."""
+def use_threads(threads: int) -> int:
+    """Keep this job to the `threads` Snakemake gave it: torch's intra-op pool, OpenMP/MKL in it and in the
+    processes it starts, and the tokenizer's Rust pool (read when first used). A smaller OMP_NUM_THREADS
+    already set by whoever started the workflow (a test harness, a shared node) is kept."""
+    import torch
+
+    inherited = os.environ.get("OMP_NUM_THREADS", "")
+    threads = min(threads, int(inherited)) if inherited.isdigit() and int(inherited) > 0 else threads
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
+        os.environ[variable] = str(threads)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def run_stage(log_path: str, body: Callable[[], Any], recipe: str | None = None, threads: int | None = None) -> None:
+    """Run a stage's body with logging to `log_path` and stderr, on `threads` cores (`use_threads`); a user
+    error, or a full disk, exits 1 without a traceback. `recipe` (the recipe file) prefixes the message when it
+    does not name it yet."""
     # Libraries log at WARNING and above (their INFO is noise in a rule's log); xtrain at INFO.
     logging.getLogger("xtrain").setLevel(logging.INFO)
     logging.basicConfig(
@@ -47,6 +63,8 @@ def run_stage(log_path: str, body: Callable[[], Any], recipe: str | None = None)
         handlers=[logging.FileHandler(log_path, mode="w"), logging.StreamHandler(sys.stderr)],
         force=True,
     )
+    if threads is not None:
+        logging.getLogger("xtrain").info("running on %d thread(s)", use_threads(threads))
     try:
         body()
     except XtrainError as exc:
