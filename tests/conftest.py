@@ -28,6 +28,8 @@ from xtrain.train import run_training  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 # Caches (the plan's CPU probe, Hugging Face's) go to a fresh folder: tests neither read nor leave state in ~/.cache.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="xtrain-tests-cache-")
+# A fixed CPU probe (xtrain.plan.probe): no plan in the tests depends on this machine's speed or load.
+os.environ["XTRAIN_CPU_PROBE"] = "1.2e11,2.0e-6"
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # What a workflow copy needs: the workflow, the library, and the embedded demo inputs.
 WORKFLOW_PATHS = ("Snakefile", "rules", "config", "envs", "scripts", "src", "profiles", "data/demo", "data/tiny-llama")

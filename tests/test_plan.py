@@ -205,7 +205,7 @@ def test_lora_needs_less_memory_than_full(model_dir):
     ],
 )
 def test_gpu_precision_is_bf16_where_supported_else_fp16(model_dir, hardware, method, precision, weights):
-    plan = make_plan(model_dir, manifest(), Train(method=method, global_batch_size=16), Hardware(**hardware))
+    plan = make_plan(model_dir, manifest(), Train(backend="trl_local", method=method, global_batch_size=16), Hardware(**hardware))
     assert (plan["precision"], plan["weights_dtype"]) == (precision, weights)
 
 
@@ -218,7 +218,7 @@ def test_cpu_precision_is_the_faster_predicted_one(model_dir, monkeypatch):
     chosen = make_plan(model_dir, manifest(), Train(), Hardware())
     seconds = {}
     for precision in ("fp32", "bf16"):
-        monkeypatch.setattr(plan_module, "precisions", lambda hardware, p=precision: [p])
+        monkeypatch.setattr(plan_module, "precisions", lambda hardware, backend, p=precision: [p])
         seconds[precision] = make_plan(model_dir, manifest(), Train(), Hardware())["time"]["seconds_per_step"]
     assert chosen["precision"] == min(seconds, key=seconds.get)
     assert chosen["weights_dtype"] == "fp32"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import xtrain.plan as plan_module
-import xtrain.plan.speed as speed
+import xtrain.plan.probe as probe
+from xtrain.artifacts import write_json
 from xtrain.errors import XtrainError
 from xtrain.plan import Planner, count_parameters, first_step, make_plan
 from xtrain.plan.memory import Step, traced
@@ -161,33 +162,48 @@ def test_traced_flops_are_six_n_per_token_for_a_full_fine_tune(weighty):
 # --- determinism ---------------------------------------------------------------------------------------
 
 
-def test_a_rerun_reads_the_cached_probe_and_writes_the_same_plan(tiny, tmp_path, monkeypatch):
+def test_a_rerun_reads_the_recorded_probe_and_writes_the_same_plan(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    probes = []
-    real_probe = speed.probe_cpu
-    monkeypatch.setattr(speed, "probe_cpu", lambda *args: probes.append(args) or real_probe(*args))
+    monkeypatch.delenv("XTRAIN_CPU_PROBE")
+    measured = iter([{"matmul_flops": 1.234e9, "op_seconds": 4.321e-5}] * 2 + [{"matmul_flops": 9e9, "op_seconds": 1e-6}] * 9)
+    monkeypatch.setattr(probe, "probe_cpu", lambda *args: next(measured))
     first = make_plan(tiny, manifest(), Train(), Hardware())
-    probed = len(probes)
-    assert probed >= 1
     again = make_plan(tiny, manifest(), Train(), Hardware())
-    assert len(probes) == probed
     assert json.dumps(first, sort_keys=True) == json.dumps(again, sort_keys=True)
+    assert first["time"]["cpu_probe"]["matmul_flops"] == 1.2e9, "the plan shows the figures it rests on, rounded"
     cached = json.loads((tmp_path / "xtrain/cpu-probe.json").read_text())
     assert all(float(f"{v:.1e}") == v for entry in cached.values() for v in entry.values())
 
 
-def test_a_probe_taken_under_load_is_taken_again_on_a_quieter_machine_and_the_faster_kept(tmp_path, monkeypatch):
+def test_a_plan_does_not_change_with_the_load(tiny, tmp_path, monkeypatch):
+    """Planned twice, the second time with the machine looking idle after a busy first probe: the same bytes."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("XTRAIN_CPU_PROBE")
+    measured = iter([{"matmul_flops": 1.0e9, "op_seconds": 4.0e-5}] * 2 + [{"matmul_flops": 9.0e9, "op_seconds": 1e-5}] * 9)
+    monkeypatch.setattr(probe, "probe_cpu", lambda *args: next(measured))
+    loads = {"now": 3.0}
+    monkeypatch.setattr(probe, "load_per_core", lambda: loads["now"])
+    write_json(tmp_path / "busy.json", make_plan(tiny, manifest(), Train(), Hardware()))
+    loads["now"] = 0.1
+    write_json(tmp_path / "quiet.json", make_plan(tiny, manifest(), Train(), Hardware()))
+    assert (tmp_path / "busy.json").read_bytes() == (tmp_path / "quiet.json").read_bytes()
+
+
+def test_only_an_explicit_refresh_measures_again_and_keeps_the_faster(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("XTRAIN_CPU_PROBE")
     measured = iter([{"matmul_flops": 1.0e9, "op_seconds": 4.0e-5}, {"matmul_flops": 9.0e9, "op_seconds": 1.0e-5},
                      {"matmul_flops": 5.0e9, "op_seconds": 2.0e-5}])
-    monkeypatch.setattr(speed, "probe_cpu", lambda *args: next(measured))
+    monkeypatch.setattr(probe, "probe_cpu", lambda *args: next(measured))
     loads = {"now": 3.0}
-    monkeypatch.setattr(speed, "load_per_core", lambda: loads["now"])
-    assert speed.cached_cpu_probe("fp32", 64, 2)["matmul_flops"] == 1.0e9  # measured while busy
-    loads["now"] = 4.0
-    assert speed.cached_cpu_probe("fp32", 64, 2)["matmul_flops"] == 1.0e9  # busier still: the cache stands
+    monkeypatch.setattr(probe, "load_per_core", lambda: loads["now"])
+    assert probe.cached_cpu_probe("fp32", 64, 2)["matmul_flops"] == 1.0e9  # measured while busy
     loads["now"] = 0.1
-    assert speed.cached_cpu_probe("fp32", 64, 2) == {"matmul_flops": 9.0e9, "op_seconds": 1.0e-5, "load_per_core": 0.1}
-    # Quiet now: no further probe, whatever the load later (the third figure is never measured).
+    assert probe.cached_cpu_probe("fp32", 64, 2)["matmul_flops"] == 1.0e9  # quiet now, but the record stands
+    report = probe.refresh()
+    assert "looks quiet" in report[0] and "kept the new" in report[1]
+    assert probe.cached_cpu_probe("fp32", 64, 2) == {"matmul_flops": 9.0e9, "op_seconds": 1.0e-5, "load_per_core": 0.1}
     loads["now"] = 2.0
-    assert speed.cached_cpu_probe("fp32", 64, 2)["matmul_flops"] == 9.0e9
+    report = probe.refresh()  # slower while busy: the faster record is kept
+    assert "looks busy" in report[0] and "kept the recorded" in report[1]
+    assert probe.cached_cpu_probe("fp32", 64, 2)["matmul_flops"] == 9.0e9

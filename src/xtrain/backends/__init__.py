@@ -33,17 +33,11 @@ def get_backend(name: str) -> Backend:
 
 def check(name: str, train: Train, hardware: Hardware, packed: bool = False) -> Backend:
     """The backend `name`, once it is known to run these settings (`packed`: the train rows are packed)."""
-    from ..plan import device_precisions
+    from ..plan import precisions
 
     backend = get_backend(name)
     if reason := refusal(name, backend.capabilities, train, hardware, packed):
         raise XtrainError(reason)
-    device = device_precisions(hardware)
-    if not set(device) & set(backend.capabilities.precisions):
-        raise XtrainError(
-            f"train.backend {name} trains in {', '.join(backend.capabilities.precisions)}, but "
-            f"{hardware.gpu or 'this CPU'} runs only {', '.join(device)}: choose another hardware.gpu_model or "
-            "train.backend"
-        )
+    precisions(hardware, name)  # one the device runs and the backend trains in
     backend.check(train, hardware)
     return backend

@@ -102,7 +102,9 @@ class Planner:
         seconds = tokens * per_token / rates["matmul_flops"] + ops * rates["op_seconds"]
         return seconds, {"flops_per_token": round(per_token), "flops_source": source, "ops_per_micro_step": ops,
                          "device_flops": rates["matmul_flops"], "op_seconds": rates["op_seconds"],
-                         "throughput_source": rates["source"]}
+                         "throughput_source": rates["source"],
+                         # The recorded figures the CPU rates rest on (plan.probe), so a reader can check them.
+                         **({"cpu_probe": rates["cpu_probe"]} if "cpu_probe" in rates else {})}
 
 
 def make_plan(
@@ -185,7 +187,12 @@ def precisions(hardware: Hardware, backend: str) -> list[str]:
     """Candidate autocast dtypes: the device's that the backend trains in (preflight refuses an empty list)."""
     from ..backends import get_backend
 
-    return [p for p in device_precisions(hardware) if p in get_backend(backend).capabilities.precisions]
+    usable = [p for p in device_precisions(hardware) if p in get_backend(backend).capabilities.precisions]
+    if not usable:
+        raise XtrainError(f"train.backend {backend} trains in {', '.join(get_backend(backend).capabilities.precisions)}, "
+                          f"but {hardware.gpu or 'this CPU'} runs only {', '.join(device_precisions(hardware))}: choose "
+                          "another hardware.gpu_model or train.backend")
+    return usable
 
 
 def check_micro_batch(train: Train, hardware: Hardware) -> int:

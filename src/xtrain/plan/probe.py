@@ -1,0 +1,156 @@
+"""The CPU probe: what this machine's cores do per second in a training step's matmuls and small ops.
+
+Measured once per machine, CPU count, torch version, precision and model width, rounded to two significant
+figures and recorded in the cache (`$XDG_CACHE_HOME/xtrain/cpu-probe.json`); every later plan reads the
+record, never the machine's current load, so planning a recipe twice gives the same plan.json. The record
+is taken again only by `python -m xtrain.plan.probe --refresh`, which says whether the machine looked busy and
+keeps the faster figures (a busy machine only ever reads slow). `XTRAIN_CPU_PROBE="<matmul FLOP/s>,<seconds
+per op>"` gives fixed figures instead (the tests use it; it also plans for another machine's CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+PROBE_ROWS = 2048  # rows of the probe matmul: a micro-batch's tokens, as training multiplies them
+PROBE_SECONDS = 0.5  # per measurement, split in five windows
+BUSY_LOAD = 0.5  # load average per core above which a probe may have read the neighbours, not the device
+FIXED = "XTRAIN_CPU_PROBE"
+
+
+def cache_file() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "xtrain" / "cpu-probe.json"
+
+
+def probe_key(precision: str, width: int, cpus: int) -> str:
+    import torch
+
+    return f"{cpu_name()}|{cpus} threads|torch {torch.__version__}|{precision}|width {width}"
+
+
+def cached_cpu_probe(precision: str, width: int, cpus: int) -> dict[str, float]:
+    """The recorded probe figures for this machine and shape, measured (and recorded) only the first time."""
+    if os.environ.get(FIXED):
+        return fixed_probe(os.environ[FIXED])
+    key, entries = probe_key(precision, width, cpus), read_cache()
+    if key not in entries:
+        entries[key] = measure(precision, width, cpus)
+        write_cache(entries)
+    return entries[key]
+
+
+def fixed_probe(text: str) -> dict[str, float]:
+    try:
+        matmul, op = (float(part) for part in text.split(","))
+    except ValueError:
+        raise SystemExit(f"{FIXED}={text!r}: give '<matmul FLOP/s>,<seconds per op>', e.g. 1.5e11,2e-6") from None
+    return {"matmul_flops": matmul, "op_seconds": op}
+
+
+def refresh() -> list[str]:
+    """Measure every recorded probe again; keep the faster figures. One line per probe, saying what changed."""
+    entries, lines = read_cache(), []
+    load = load_per_core()
+    busy = f"the machine looks busy (load {load} per core): figures may read slow" if load > BUSY_LOAD else (
+        f"the machine looks quiet (load {load} per core)")
+    for key, old in entries.items():
+        *_, precision, width = key.split("|")
+        cpus = int(key.split("|")[1].split()[0])
+        new = measure(precision, int(width.split()[1]), cpus)
+        entries[key] = faster(old, new)
+        kept = "new" if entries[key] is new else "recorded"
+        lines.append(f"{key}: recorded {old['matmul_flops']:.2g} FLOP/s, now {new['matmul_flops']:.2g}: kept the {kept}")
+    write_cache(entries)
+    return [busy, *lines] if lines else [busy, f"no probe recorded in {cache_file()} yet: plan a recipe first"]
+
+
+def measure(precision: str, width: int, cpus: int) -> dict[str, float]:
+    return {**{name: significant(value) for name, value in probe_cpu(precision, width, cpus).items()},
+            "load_per_core": load_per_core()}
+
+
+def read_cache() -> dict[str, dict[str, float]]:
+    path = cache_file()
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_cache(entries: dict) -> None:
+    path = cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def load_per_core() -> float:
+    """The 1-minute load average per core (two significant figures): how busy the machine is while it is probed."""
+    return significant(os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def faster(old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    """Of two probes, the one with the higher matmul rate: a busy machine only ever reads slow."""
+    return new if new["matmul_flops"] > old["matmul_flops"] else {**old, "load_per_core": new["load_per_core"]}
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def significant(value: float, digits: int = 2) -> float:
+    return float(f"{value:.{digits - 1}e}")
+
+
+def probe_cpu(precision: str, width: int, cpus: int) -> dict[str, float]:
+    """Best-of-five matmul FLOP/s at the model's width, and seconds per small autograd op.
+
+    The best of several short windows rather than one long one: on a shared machine it reads the
+    device, not the neighbours' load."""
+    import torch
+
+    from .memory import torch_dtype
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cpus)
+    try:
+        dtype = torch_dtype(precision)
+        a, b = torch.randn(PROBE_ROWS, width, dtype=dtype), torch.randn(width, width, dtype=dtype)
+        matmul = max(2 * PROBE_ROWS * width * width / seconds_per_call(lambda: a @ b) for _ in range(5))
+        x = torch.randn(64, requires_grad=True)
+        op = min(seconds_per_call(lambda: x * 2.0) for _ in range(5))
+    finally:
+        torch.set_num_threads(threads)
+    return {"matmul_flops": matmul, "op_seconds": op}
+
+
+def seconds_per_call(fn) -> float:
+    fn()
+    calls, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < PROBE_SECONDS / 5:
+        fn()
+        calls += 1
+    return elapsed / max(calls, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Show, or measure again, this machine's recorded CPU probe.")
+    parser.add_argument("--refresh", action="store_true", help="measure every recorded probe again, keep the faster")
+    args = parser.parse_args()
+    if args.refresh:
+        print("\n".join(refresh()))
+    else:
+        print(json.dumps(read_cache(), indent=1, sort_keys=True) if read_cache() else f"no probe in {cache_file()}")
+
+
+if __name__ == "__main__":
+    main()
