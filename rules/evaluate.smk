@@ -11,9 +11,9 @@ rule evaluate:
         "logs/{recipe}/evaluate.log",
     benchmark:
         "benchmarks/{recipe}/evaluate.tsv"
-    threads: workflow.cores
     conda:
         "../envs/xtrain.yaml"
+    threads: workflow.cores
     params:
         recipe=recipe_slice("evaluate"),
     script:

@@ -8,9 +8,9 @@ rule prepare:
         "logs/{recipe}/prepare.log",
     benchmark:
         "benchmarks/{recipe}/prepare.tsv"
-    threads: workflow.cores
     conda:
         "../envs/xtrain.yaml"
+    threads: workflow.cores
     params:
         recipe=recipe_slice("prepare"),
     script:
