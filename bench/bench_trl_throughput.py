@@ -1,4 +1,4 @@
-"""Is the trl_cpu lane as fast as plain PyTorch? Its tokens/s against a minimal hand-written loop.
+"""Is the trl_cpu backend as fast as plain PyTorch? Its tokens/s against a minimal hand-written loop.
 
     .venv/bin/python bench/bench_trl_throughput.py [--rounds N]   # ~5 min per round on 2 quiet cores
 
@@ -6,12 +6,12 @@ The 27.4M Llama of FIELD-NOTES' CPU throughput reference (bench_plan.build_27m),
 tokenizer; rows of exactly 512 random tokens (no padding: both sides process the same tokens), the last
 three quarters of each row supervised. Both sides do the same steps: micro-batch 4, no accumulation, the
 same precision, fp32 weights, torch AdamW (lr 1e-4, no weight decay), gradient clipping at 1.0 and a
-cosine schedule. The lane runs through `TrlCpu().run` (its real SFTConfig/SFTTrainer); the loop is
+cosine schedule. The backend runs through `TrlCpu().run` (its real SFTConfig/SFTTrainer); the loop is
 forward with labels, backward, clip, step, schedule, zero_grad. Each measurement is its own process, the
 two sides alternate, and rates are taken between the ends of step WARMUP and the last step, so that
 loading and the first steps' one-off costs count for neither. Two rates: tokens per wall second, and
 tokens per CPU second of the process (all its threads), which other jobs on a shared machine disturb less.
-The lane saves a resumable trainer checkpoint every quarter of its run (model, optimizer and scheduler
+The backend saves a resumable trainer checkpoint every quarter of its run (model, optimizer and scheduler
 state), which the loop does not: in these 8 steps that is after steps 2, 4 and 6, inside the window. Each
 save is timed (from the step's end to the trainer's on_save), and the rates are also given without them,
 as a run of hundreds of steps amortises its four saves.
@@ -76,7 +76,7 @@ def clock() -> tuple[float, float]:
 def lane_rates(model: Path, prepared: Path, method: str, precision: str, work: Path) -> dict[str, float]:
     from transformers import TrainerCallback
 
-    import xtrain.backends.trl as lane
+    import xtrain.backends.trl as backend
     from xtrain.backends import TrainJob
     from xtrain.backends.trl_cpu import TrlCpu
     from xtrain.recipe import Hardware, Train
@@ -94,8 +94,8 @@ def lane_rates(model: Path, prepared: Path, method: str, precision: str, work: P
             (wall0, cpu0), (wall1, cpu1) = ends[-1], clock()
             saves.append((len(ends), wall1 - wall0, cpu1 - cpu0))
 
-    shared = lane.callbacks
-    lane.callbacks = lambda train: [*shared(train), StepClock()]  # timing only; the lane's own list is kept
+    shared = backend.callbacks
+    backend.callbacks = lambda seconds: [*shared(seconds), StepClock()]  # timing only; the backend's own list is kept
     plan = {"precision": precision, "weights_dtype": "fp32", "gradient_checkpointing": False,
             "layout": {"strategy": "single", "micro_batch_size": BATCH, "gradient_accumulation_steps": 1},
             "data": {"seq_len": SEQ}, "time": {"steps": STEPS}}
@@ -160,7 +160,7 @@ def main() -> None:
     if args.measure:
         side, folder, method, precision = args.measure
         folder = Path(folder)
-        if side == "lane":
+        if side == "backend":
             with tempfile.TemporaryDirectory() as work:
                 measured = lane_rates(folder / "27m", folder / "prepared", method, precision, Path(work))
         else:
@@ -178,16 +178,16 @@ def main() -> None:
         print("| --- " * 11 + "|")
         kinds = ("wall", "cpu", "saves", "wall_steps", "cpu_steps")
         for method, precision in CONFIGS:
-            runs = {"loop": [], "lane": []}
+            runs = {"loop": [], "backend": []}
             for _ in range(args.rounds):
-                for side in ("loop", "lane"):
+                for side in ("loop", "backend"):
                     runs[side].append(measure(side, folder, method, precision))
-            loop, lane = ({kind: statistics.median(r[kind] for r in runs[side]) for kind in kinds}
-                          for side in ("loop", "lane"))
-            print(f"| {method} | {precision} | {loop['wall']:.0f} | {lane['wall']:.0f} | "
-                  f"{lane['wall'] / loop['wall']:.1%} | {lane['saves']:.0f} | {lane['wall_steps']:.0f} | "
-                  f"{lane['wall_steps'] / loop['wall']:.1%} | {loop['cpu']:.0f} | {lane['cpu_steps']:.0f} | "
-                  f"{lane['cpu_steps'] / loop['cpu']:.1%} |", flush=True)
+            loop, backend = ({kind: statistics.median(r[kind] for r in runs[side]) for kind in kinds}
+                          for side in ("loop", "backend"))
+            print(f"| {method} | {precision} | {loop['wall']:.0f} | {backend['wall']:.0f} | "
+                  f"{backend['wall'] / loop['wall']:.1%} | {backend['saves']:.0f} | {backend['wall_steps']:.0f} | "
+                  f"{backend['wall_steps'] / loop['wall']:.1%} | {loop['cpu']:.0f} | {backend['cpu_steps']:.0f} | "
+                  f"{backend['cpu_steps'] / loop['cpu']:.1%} |", flush=True)
     print(f"\n{args.rounds} alternating round(s) per row (median); {time.perf_counter() - started:.0f} s in all")
 
 

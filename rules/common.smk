@@ -82,28 +82,28 @@ def recipe_slice(stage):
 MAIN_ENV = "envs/xtrain.yaml"
 
 
-def lane(wildcards):
-    """The config entry (conda, container, uninstall) of the recipe's training lane."""
+def backend_entry(wildcards):
+    """The config entry (conda, container, uninstall) of the recipe's training backend."""
     return config["backends"][recipe(wildcards).train.backend]
 
 
 def train_env(wildcards):
-    return str(Path(workflow.basedir) / lane(wildcards)["conda"])
+    return str(Path(workflow.basedir) / backend_entry(wildcards)["conda"])
 
 
 def train_container(wildcards):
-    return lane(wildcards)["container"]
+    return backend_entry(wildcards)["container"]
 
 
-def lane_env(wildcards):
-    """The lane's virtual environment, when it has its own and conda is not providing it."""
+def backend_env(wildcards):
+    """The backend's virtual environment, when it has its own and conda is not providing it."""
     backend = recipe(wildcards).train.backend
-    if lane(wildcards)["conda"] == MAIN_ENV or DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    if backend_entry(wildcards)["conda"] == MAIN_ENV or DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
         return []
     return [f".venvs/{backend}/ready.json"]
 
 
-def lane_uninstall(wildcards):
+def backend_uninstall(wildcards):
     return config["backends"][wildcards.backend].get("uninstall", [])
 
 

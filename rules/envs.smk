@@ -1,4 +1,4 @@
-rule build_lane_env:
+rule build_backend_env:
     input:
         spec="envs/{backend}.yaml",
     output:
@@ -8,6 +8,6 @@ rule build_lane_env:
     conda:
         "../envs/xtrain.yaml"
     params:
-        uninstall=lane_uninstall,
+        uninstall=backend_uninstall,
     script:
-        "../scripts/build_lane_env.py"
+        "../scripts/build_backend_env.py"

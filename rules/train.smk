@@ -3,7 +3,7 @@ rule train:
         model=model_dir,
         prepared="prepared/{recipe}",
         plan="plans/{recipe}/plan.json",
-        env=lane_env,
+        env=backend_env,
     output:
         directory("checkpoints/{recipe}"),
     log:

@@ -1,4 +1,4 @@
-"""The checkpoint contract every lane must meet, checked the way a user would: files on disk, then a fresh
+"""The checkpoint contract every backend must meet, checked the way a user would: files on disk, then a fresh
 interpreter that loads the checkpoint with plain transformers + peft (no xtrain import) and generates."""
 
 from __future__ import annotations

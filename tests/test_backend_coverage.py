@@ -9,9 +9,9 @@ import inspect
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from pydantic import BaseModel
 
-from conftest import REPO
 from xtrain.artifacts import read_json
 from xtrain.backends import REGISTRY, TrainJob
 from xtrain.backends.base import refusal

@@ -4,8 +4,8 @@ docs' capability table is generated from the declared capabilities."""
 from __future__ import annotations
 
 import yaml
-
 from conftest import REPO
+
 from xtrain import docs
 from xtrain.backends import REGISTRY, base
 from xtrain.recipe import BACKENDS, Train

@@ -3,14 +3,13 @@ over-length rows, packing (and that packed sequences stay apart in the model), a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from test_data import chat, leftovers, model_with_template, qa, write_jsonl
+
 from xtrain.data import prepare
 from xtrain.errors import XtrainError
 from xtrain.recipe import Data, DataSource

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, copy_workflow, scheduled_jobs
+
 from xtrain.dvc_stages import render
 
 RECIPE_A = """

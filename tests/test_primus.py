@@ -1,4 +1,4 @@
-"""The primus lane: its translation to a Primus post-training experiment and its launch commands. Primus
+"""The primus backend: its translation to a Primus post-training experiment and its launch commands. Primus
 needs AMD GPUs with ROCm, so nothing here trains; the keys checked are those Primus' docs and examples use
 (cited in docs/backends.md)."""
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
-from xtrain.artifacts import read_json
+
 from xtrain import backends
+from xtrain.artifacts import read_json
 from xtrain.backends import TrainJob, get_backend
 from xtrain.backends.primus import launch_command, lora_targets
 from xtrain.data import prepare

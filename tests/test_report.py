@@ -15,7 +15,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
 from debian import ensure_installed
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, copy_workflow, snakemake
 from safetensors.torch import load_file
 
-from conftest import REPO, copy_workflow, snakemake
 from xtrain.artifacts import read_json
 from xtrain.backends.guards import COMPLETE_MARKER
 

@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from xtrain.artifacts import write_json
 from xtrain.data import prepare
 from xtrain.evaluate import evaluate

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, copy_workflow, snakemake
 from slurm_cluster import Cluster, show_jobs
 

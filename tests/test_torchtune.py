@@ -1,4 +1,4 @@
-"""The torchtune lane: the translation (checked by `tune validate`), and a real few-step run of the tiny
+"""The torchtune backend: the translation (checked by `tune validate`), and a real few-step run of the tiny
 recipe in torchtune's own environment, against trl_cpu's run of the same recipe."""
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
+from backend_runs import ensure_backend_env
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import REPO, build_run
-from lanes import ensure_lane_env
+
 from xtrain import backends
 from xtrain.artifacts import read_json
 from xtrain.backends import TrainJob, get_backend
-from xtrain.backends import torchtune as lane
+from xtrain.backends import torchtune as torchtune_backend
 from xtrain.errors import XtrainError
 from xtrain.launch import run_command
 from xtrain.recipe import Hardware, Lora, Train
-from xtrain_lanes import LANE_PATH
-from xtrain_lanes import torchtune_components as tt
+from xtrain_backend_side import BACKEND_SIDE_PATH
+from xtrain_backend_side import torchtune_components as tt
 
 # Dropout off and one logged loss per step, so the first step's loss is the base model's loss on a batch.
 STEPS = 4
@@ -35,8 +35,8 @@ def tiny_train(backend: str) -> Train:
 
 @pytest.fixture(scope="module")
 def torchtune_env(monkeypatch_module) -> None:
-    monkeypatch_module.chdir(REPO)  # lane_python looks for .venvs/ under the working directory
-    ensure_lane_env("torchtune")
+    monkeypatch_module.chdir(REPO)  # backend_python looks for .venvs/ under the working directory
+    ensure_backend_env("torchtune")
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +47,9 @@ def monkeypatch_module():
 
 @pytest.fixture(scope="module", autouse=True)
 def fp32_plans(monkeypatch_module):
-    """Both lanes train in fp32 here, whatever this CPU offers: the plan would pick bf16 on a CPU with
+    """Both backends train in fp32 here, whatever this CPU offers: the plan would pick bf16 on a CPU with
     native bf16, which trl_cpu runs as autocast and torchtune as bf16 weights, and the logits comparison
-    below is exact only in fp32 (the lane's own check allows for bf16 rounding)."""
+    below is exact only in fp32 (the backend's own check allows for bf16 rounding)."""
     monkeypatch_module.setattr("xtrain.plan.cpu_supports_bf16", lambda: False)
 
 
@@ -60,16 +60,16 @@ def trl_reference(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tune_run(tiny_model, tmp_path_factory, torchtune_env, monkeypatch_module):
-    """The tiny recipe through the torchtune lane. torchtune's own output (its merged weights) is copied
-    aside while the lane exports it, since run_training removes the work folder once the checkpoint is done."""
+    """The tiny recipe through the torchtune backend. torchtune's own output (its merged weights) is copied
+    aside while the backend exports it, since run_training removes the work folder once the checkpoint is done."""
     kept = tmp_path_factory.mktemp("torchtune-output")
-    export = lane.export_checkpoint
+    export = torchtune_backend.export_checkpoint
 
     def keep_and_export(epoch_dir: Path, *args):
         shutil.copytree(epoch_dir, kept, dirs_exist_ok=True)
         return export(epoch_dir, *args)
 
-    monkeypatch_module.setattr(lane, "export_checkpoint", keep_and_export)
+    monkeypatch_module.setattr(torchtune_backend, "export_checkpoint", keep_and_export)
     run = build_run(tmp_path_factory.mktemp("torchtune"), tiny_model, tiny_train("torchtune"))
     return {**run, "torchtune_output": kept}
 
@@ -82,7 +82,7 @@ def test_torchtune_trains_the_tiny_recipe_into_the_checkpoint_contract(tune_run,
     assert metrics["tokens_seen"] > 0
     reference = json.loads((trl_reference["checkpoint"] / "train_metrics.json").read_text())
     # The first step's loss is the base model's loss on the first batch (the adapters start at zero). The
-    # lanes draw different first batches (torchtune: its sampler's seed-0 permutation over our seeded row
+    # backends draw different first batches (torchtune: its sampler's seed-0 permutation over our seeded row
     # order; TRL: its length-grouped sampler), so this compares the same model on two samples of the same
     # prepared data: on the random-init tiny model the loss is near ln(vocab) for any batch.
     first, first_reference = metrics["loss"][0]["loss"], reference["loss"][0]["loss"]
@@ -126,24 +126,24 @@ def test_tune_validate_accepts_the_full_fine_tune_translation(tiny_model, trl_re
     steps_per_epoch = rows // layout["micro_batch_size"] // layout["gradient_accumulation_steps"]
     plan["time"]["steps"] = 2 * steps_per_epoch  # what the plan gives for epochs: 2 when no row is left over
     job = TrainJob(tiny_model, trl_reference["prepared"], plan, train, Hardware(), tmp_path / "out", tmp_path, None)
-    config = lane.torchtune_config(job, rows, packed=False)
+    config = torchtune_backend.torchtune_config(job, rows, packed=False)
     assert config["model"]["_component_"].endswith("llama3_2") and "lora_rank" not in config["model"]
     assert config["model"]["scale_factor"] == 1 and config["model"]["tie_word_embeddings"] is True
     assert config["epochs"] == 2 and config["max_steps_per_epoch"] is None
     path = tmp_path / "torchtune.yaml"
     path.write_text(yaml.safe_dump(config))
-    python = lane.lane_python("torchtune", "torchtune")
-    run_command([python, "-m", "torchtune._cli.tune", "validate", str(path)], env={"PYTHONPATH": LANE_PATH})
+    python = torchtune_backend.backend_python("torchtune", "torchtune")
+    run_command([python, "-m", "torchtune._cli.tune", "validate", str(path)], env={"PYTHONPATH": BACKEND_SIDE_PATH})
 
 
 def test_lora_targets_map_to_torchtune_names_or_are_refused():
-    assert lane.lora_layout(["q_proj", "v_proj", "o_proj"]) == (["q_proj", "v_proj", "output_proj"], False)
-    assert lane.lora_layout(["all-linear"]) == (["q_proj", "k_proj", "v_proj", "output_proj"], True)
-    assert lane.lora_layout(["q_proj", "gate_proj", "up_proj", "down_proj"]) == (["q_proj"], True)
+    assert torchtune_backend.lora_layout(["q_proj", "v_proj", "o_proj"]) == (["q_proj", "v_proj", "output_proj"], False)
+    assert torchtune_backend.lora_layout(["all-linear"]) == (["q_proj", "k_proj", "v_proj", "output_proj"], True)
+    assert torchtune_backend.lora_layout(["q_proj", "gate_proj", "up_proj", "down_proj"]) == (["q_proj"], True)
     with pytest.raises(XtrainError, match="adapts gate_proj, up_proj, down_proj together"):
-        lane.lora_layout(["q_proj", "up_proj"])
+        torchtune_backend.lora_layout(["q_proj", "up_proj"])
     with pytest.raises(XtrainError, match=r"\['lm_head'\]"):
-        lane.lora_layout(["lm_head"])
+        torchtune_backend.lora_layout(["lm_head"])
 
 
 def test_check_refuses_what_the_single_device_recipes_cannot_run():
@@ -159,22 +159,22 @@ def test_check_refuses_what_the_single_device_recipes_cannot_run():
 
 
 def test_steps_become_whole_epochs_or_a_cap_within_one():
-    assert lane.epochs_and_cap(3, 10) == (1, 3)
-    assert lane.epochs_and_cap(20, 10) == (2, None)
+    assert torchtune_backend.epochs_and_cap(3, 10) == (1, 3)
+    assert torchtune_backend.epochs_and_cap(20, 10) == (2, None)
     with pytest.raises(XtrainError, match="1.50 epochs of 10 steps"):
-        lane.epochs_and_cap(15, 10)
+        torchtune_backend.epochs_and_cap(15, 10)
 
 
 def test_metric_log_becomes_trainer_style_history(tmp_path):
     log = tmp_path / "log_1.txt"
     log.write_text("".join(f"Step {step} | loss:{step}.0 lr:0.1 tokens_per_second_per_gpu:10.0 grad_norm:1.0\n"
                            for step in range(1, 8)))
-    history = lane.log_history(log, logging_steps=3)
+    history = torchtune_backend.log_history(log, logging_steps=3)
     # step 1 alone, then the mean since the last entry at 3, 6, and the last step (7).
     assert [(entry["step"], entry["loss"]) for entry in history] == [(1, 1.0), (3, 2.5), (6, 5.0), (7, 7.0)]
     log.write_text("nothing\n")
     with pytest.raises(XtrainError, match="logged no training step"):
-        lane.log_history(log, logging_steps=1)
+        torchtune_backend.log_history(log, logging_steps=1)
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +241,7 @@ def test_lr_scheduler_walks_transformers_curve(schedule):
 
 
 def test_a_non_finite_loss_stops_the_lane_before_any_checkpoint(tiny_model, packed_prepared, tmp_path, monkeypatch):
-    """torchtune itself steps on NaN gradients; the lane reads its log and refuses to export."""
+    """torchtune itself steps on NaN gradients; the backend reads its log and refuses to export."""
     from xtrain.plan import make_plan
 
     train = Train(backend="torchtune", global_batch_size=4, max_steps=2, logging_steps=1)
@@ -254,8 +254,8 @@ def test_a_non_finite_loss_stops_the_lane_before_any_checkpoint(tiny_model, pack
             logs.mkdir(parents=True)
             (logs / "log_1.txt").write_text("Step 1 | loss:6.9 lr:0.0002\nStep 2 | loss:nan lr:0.0002\n")
 
-    monkeypatch.setattr(lane, "lane_python", lambda backend, module, must_exist=True: "python")
-    monkeypatch.setattr(lane, "run_command", fake_torchtune)
+    monkeypatch.setattr(torchtune_backend, "backend_python", lambda backend, module, must_exist=True: "python")
+    monkeypatch.setattr(torchtune_backend, "run_command", fake_torchtune)
     with pytest.raises(XtrainError, match="NaN or infinite by step 2"):
         get_backend("torchtune").run(job)
     assert not (tmp_path / "out").exists()

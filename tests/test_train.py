@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import build_run
+
 from xtrain.evaluate import load_tuned
 from xtrain.recipe import Train
 

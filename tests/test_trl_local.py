@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import build_run
+
 from xtrain import backends
 from xtrain.backends.trl import cpu_placement
 from xtrain.backends.trl_local import first_host, found_device, torchrun_command

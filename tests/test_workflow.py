@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, SNAKEMAKE, copy_workflow, scheduled_jobs, snakemake
 
 pytestmark = pytest.mark.slow

@@ -1,8 +1,8 @@
-"""Per-lane software environments, materialised without conda.
+"""Per-backend software environments, materialised without conda.
 
-Lanes whose packages pin another version of the stack (axolotl, unsloth, torchtune) each have a pinned
+Backends whose packages pin another version of the stack (axolotl, unsloth, torchtune) each have a pinned
 conda spec `envs/<backend>.yaml`. `snakemake --sdm conda` uses that spec as it is; without conda, `build`
-turns the same spec's pip section into a virtual environment `.venvs/<backend>/` and the lane launches its
+turns the same spec's pip section into a virtual environment `.venvs/<backend>/` and the backend launches its
 native command with that interpreter. A build counts only once its `ready.json` (which records the spec's
 hash) is written: an interrupted build is redone from scratch.
 """
@@ -36,7 +36,7 @@ def pip_requirements(spec: Path) -> list[str]:
     for dependency in yaml.safe_load(spec.read_text()).get("dependencies", []):
         if isinstance(dependency, dict) and "pip" in dependency:
             return [str(requirement) for requirement in dependency["pip"]]
-    raise XtrainError(f"{spec}: no `pip:` list under `dependencies:`; list the lane's pinned packages there")
+    raise XtrainError(f"{spec}: no `pip:` list under `dependencies:`; list the backend's pinned packages there")
 
 
 def build(spec: Path, target: Path, uninstall: list[str] = ()) -> None:
@@ -71,9 +71,9 @@ def spec_hash(spec: Path) -> str:
     return hashlib.sha256(spec.read_bytes()).hexdigest()
 
 
-def lane_python(backend: str, module: str, must_exist: bool = True) -> str:
-    """The interpreter that runs `backend`: this one when it already has the lane's package (a conda env or
-    container picked by the train rule), else the lane's virtual environment (which must be built, unless the
+def backend_python(backend: str, module: str, must_exist: bool = True) -> str:
+    """The interpreter that runs `backend`: this one when it already has the backend's package (a conda env or
+    container picked by the train rule), else the backend's virtual environment (which must be built, unless the
     command is only being rendered)."""
     if importlib.util.find_spec(module) is not None:
         return sys.executable

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from xtrain_lanes.prepared import IGNORE_INDEX, INPUT_IDS, LOSS_MASK, labels, split_file
+from xtrain_backend_side.prepared import IGNORE_INDEX, INPUT_IDS, LOSS_MASK, labels, split_file
 
 from . import generations
 from .artifacts import write_json

@@ -1,4 +1,4 @@
-"""Launching a native command (a lane's trainer, pip): an argument list, never a shell string; its
+"""Launching a native command (a backend's trainer, pip): an argument list, never a shell string; its
 output streamed line by line into the stage's log; a failure that names the command and shows its last lines."""
 
 from __future__ import annotations

@@ -170,9 +170,9 @@ class Lora(Section):
 
 
 class Train(Section):
-    """How to train: the backend lane, the method and the optimisation settings."""
+    """How to train: the backend, the method and the optimisation settings."""
 
-    backend: Literal[BACKENDS] = Field("trl_cpu", description="Training lane: " + ", ".join(BACKENDS) + ".")
+    backend: Literal[BACKENDS] = Field("trl_cpu", description="Training backend: " + ", ".join(BACKENDS) + ".")
     method: Literal["lora", "full"] = Field("lora", description="LoRA adapters or a full fine-tune.")
     lora: Lora | None = Field(None, description="LoRA settings; only with method: lora (defaults apply when unset).")
     global_batch_size: PositiveInt = Field(8, description="Sequences per optimizer step, over all devices.")

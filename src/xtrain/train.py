@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from xtrain_lanes.prepared import train_split_is_packed
+from xtrain_backend_side.prepared import train_split_is_packed
 
 from . import backends
 from .artifacts import atomic_dir, read_json, write_json
@@ -65,7 +65,7 @@ def train_metrics(result: TrainResult) -> dict[str, Any]:
         "wall_seconds": round(result.train_seconds, 2),
         "trainer_runtime_seconds": summary.get("train_runtime"),
         # ru_maxrss is KiB on Linux: the peak resident memory of this process, or of the largest process it
-        # waited for (a lane that trains in its own environment's interpreter).
+        # waited for (a backend that trains in its own environment's interpreter).
         "peak_host_memory_bytes": max(resource.getrusage(who).ru_maxrss
                                       for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) * 1024,
     }

@@ -1,6 +1,6 @@
-"""`axolotl`: Axolotl's own trainer (`axolotl train <config>`), in the lane's own environment.
+"""`axolotl`: Axolotl's own trainer (`axolotl train <config>`), in the backend's own environment.
 
-The lane owns the translation recipe + plan -> Axolotl YAML (`axolotl_config`), the export of the prepared
+The backend owns the translation recipe + plan -> Axolotl YAML (`axolotl_config`), the export of the prepared
 tokens into the pre-tokenized form Axolotl reads (input_ids / attention_mask / labels, -100 on unsupervised
 tokens), the launch, and the normalisation of Axolotl's output (trainer_state.json, the adapter or model it
 saves) into the checkpoint contract.
@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from xtrain_lanes.prepared import INPUT_IDS, LOSS_MASK, labels, split_file
+from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, labels, split_file
 
 from ..artifacts import read_json
-from ..envs import lane_python
+from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
@@ -38,7 +38,7 @@ MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.
 
 def export_tokens(prepared_dir: Path, target: Path) -> int:
     """The prepared train split as Axolotl's pre-tokenized dataset: the same token ids, and their labels
-    (xtrain_lanes.prepared). Returns the number of rows."""
+    (xtrain_backend_side.prepared). Returns the number of rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -161,12 +161,12 @@ class Axolotl:
         dataset = job.work_dir / "axolotl_data" / "train.parquet"
         config = job.work_dir / "axolotl.yaml"
         return {"config": axolotl_config(job, dataset), "dataset": dataset, "config_file": config,
-                "argv": [lane_python(self.name, "axolotl", must_exist=False), "-m", "axolotl.cli.train", str(config)],
+                "argv": [backend_python(self.name, "axolotl", must_exist=False), "-m", "axolotl.cli.train", str(config)],
                 "env": OFFLINE}
 
     def run(self, job: TrainJob) -> TrainResult:
         cpu_precision(job.plan)
-        lane_python(self.name, "axolotl")  # its environment is built
+        backend_python(self.name, "axolotl")  # its environment is built
         launch = self.native(job)
         export_tokens(job.prepared_dir, launch["dataset"])
         launch["config_file"].write_text(yaml.safe_dump(launch["config"], sort_keys=False))

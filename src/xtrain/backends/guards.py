@@ -2,7 +2,7 @@
 weights, mark each trainer checkpoint complete only once it is fully on disk, and the fault points the
 robustness tests drive (see `xtrain.faults`).
 
-Any lane built on the transformers Trainer adds `callbacks(...)` to its trainer; `last_complete_checkpoint`
+Any backend built on the transformers Trainer adds `callbacks(...)` to its trainer; `last_complete_checkpoint`
 is what a rerun resumes from.
 """
 
@@ -14,7 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
-from xtrain_lanes.trainer_parts import COMPLETE_MARKER, mark_complete
+from xtrain_backend_side.trainer_parts import COMPLETE_MARKER, mark_complete
 
 from ..errors import XtrainError
 from ..faults import fault_point, requested
@@ -41,7 +41,7 @@ def last_complete_checkpoint(run_dir: Path) -> str | None:
 
 
 def callbacks() -> list:
-    """The guards every Trainer-based lane runs with."""
+    """The guards every Trainer-based backend runs with."""
     from transformers import TrainerCallback
 
     class StopOnNonFiniteLoss(TrainerCallback):

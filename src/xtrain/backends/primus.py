@@ -1,6 +1,6 @@
 """`primus`: AMD Primus post-training (Megatron Bridge SFT / LoRA) on ROCm GPUs.
 
-Primus is ROCm-only and not on PyPI, so this lane cannot run on a CPU machine: it translates the recipe
+Primus is ROCm-only and not on PyPI, so this backend cannot run on a CPU machine: it translates the recipe
 and plan into a Primus experiment YAML and the `primus-cli` launch command, and runs that command only
 where `primus-cli` is installed. What each key means, and where it comes from in Primus' own docs and
 code, is in docs/backends.md.
@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from xtrain_lanes.prepared import INPUT_IDS, LOSS_MASK, labels, split_file, train_split_is_packed
+from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, labels, split_file, train_split_is_packed
 
 from ..errors import XtrainError
 from ..launch import run_command
@@ -114,7 +114,7 @@ def model_preset(model_dir: Path, dataset_dir: Path, seq_len: int, seed: int) ->
     if model_type not in RECIPES:
         raise XtrainError(
             f"{model_dir}/config.json: model_type {model_type!r} has no Megatron Bridge recipe in the primus "
-            f"lane; supported: {', '.join(sorted(RECIPES))}"
+            f"backend; supported: {', '.join(sorted(RECIPES))}"
         )
     recipe, flavor = RECIPES[model_type]
     return {
@@ -156,7 +156,7 @@ def launch_mode(hardware: Hardware) -> str:
 
 
 def export_dataset(prepared_dir: Path, out: Path) -> None:
-    """Write the prepared splits as a local `datasets` folder: token ids and labels (xtrain_lanes.prepared)."""
+    """Write the prepared splits as a local `datasets` folder: token ids and labels (xtrain_backend_side.prepared)."""
     from datasets import Dataset, DatasetDict
 
     def with_labels(split: str) -> Dataset:
@@ -226,11 +226,11 @@ class Primus:
         if shutil.which("primus-cli") is None:
             raise XtrainError(
                 "train.backend primus needs a ROCm machine with Primus installed (`primus-cli` on PATH, e.g. in "
-                f"the {IMAGE} container); it is not on PATH here. The lane's translation is tested on CPU, "
+                f"the {IMAGE} container); it is not on PATH here. The backend's translation is tested on CPU, "
                 "but training needs AMD GPUs"
             )
         # Launching works; reading Megatron Bridge's output back into the checkpoint contract needs a
-        # ROCm machine to check against, so the lane stops here rather than write an unchecked checkpoint.
+        # ROCm machine to check against, so the backend stops here rather than write an unchecked checkpoint.
         launch = self.write_config(job)
         run_command(launch["argv"])
         raise XtrainError(

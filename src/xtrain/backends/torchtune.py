@@ -1,10 +1,10 @@
 """`torchtune`: torchtune 0.6.1's single-device LoRA / full fine-tune recipes, in their own environment.
 
-The lane translates recipe + plan into a torchtune config (the model built from the Hugging Face config's
+The backend translates recipe + plan into a torchtune config (the model built from the Hugging Face config's
 shape with torchtune's Llama 3.2 component builders, HF checkpoints in and out, xtrain's prepared tokens as
 the dataset), checks it with `tune validate`, launches `tune run` with the device overrides, and turns
 torchtune's output into the checkpoint contract: the PEFT adapter (or the full model) and the tokenizer,
-and the loss curve from torchtune's metric log. `xtrain_lanes.torchtune_components` holds the components the
+and the loss curve from torchtune's metric log. `xtrain_backend_side.torchtune_components` holds the components the
 config names; it runs inside torchtune's environment.
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 
-from xtrain_lanes import LANE_PATH
-from xtrain_lanes.prepared import INPUT_IDS, split_file, train_split_is_packed
+from xtrain_backend_side import BACKEND_SIDE_PATH
+from xtrain_backend_side.prepared import INPUT_IDS, split_file, train_split_is_packed
 
-from ..envs import lane_python
+from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
@@ -32,7 +32,7 @@ from .base import Capabilities, TrainJob, TrainResult, grouped_lora_targets
 
 log = logging.getLogger(__name__)
 
-COMPONENTS = "xtrain_lanes.torchtune_components"
+COMPONENTS = "xtrain_backend_side.torchtune_components"
 # Recipe LoRA targets -> torchtune's names. torchtune adapts the MLP as a whole (w1, w2, w3 together).
 ATTENTION = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
 MLP = ("gate_proj", "up_proj", "down_proj")
@@ -54,14 +54,14 @@ def model_component(model_dir: Path, train: Train) -> dict[str, Any]:
     config = json.loads((model_dir / "config.json").read_text())
     if config.get("model_type") != "llama":
         raise XtrainError(
-            f"{model_dir}/config.json: model_type {config.get('model_type')!r}; the torchtune lane builds Llama "
+            f"{model_dir}/config.json: model_type {config.get('model_type')!r}; the torchtune backend builds Llama "
             "models only (its Qwen2 adapter export permutes q/k wrongly)"
         )
     rope = config.get("rope_parameters") or {}
     if (config.get("rope_scaling") or {}).get("rope_type", "default") != "default" or rope.get(
         "rope_type", "default"
     ) != "default":
-        raise XtrainError(f"{model_dir}/config.json: rope scaling is not mapped by the torchtune lane")
+        raise XtrainError(f"{model_dir}/config.json: rope scaling is not mapped by the torchtune backend")
     heads = config["num_attention_heads"]
     shape = {
         "vocab_size": config["vocab_size"],
@@ -167,7 +167,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
         "enable_activation_checkpointing": plan["gradient_checkpointing"],
         "enable_activation_offloading": False,
         "metric_logger": {"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
-        # Every step is logged; `log_history` averages them over train.logging_steps as the trl lanes do.
+        # Every step is logged; `log_history` averages them over train.logging_steps as the trl backends do.
         "log_every_n_steps": 1,
         "profiler": {"_component_": "torchtune.training.setup_torch_profiler", "enabled": False},
     }
@@ -325,7 +325,7 @@ class Torchtune:
         lengths = [len(ids) for ids in pq.read_table(split_file(job.prepared_dir), columns=[INPUT_IDS])
                    .column(INPUT_IDS).to_pylist()]
         config = torchtune_config(job, len(lengths), train_split_is_packed(job.prepared_dir))
-        python = lane_python("torchtune", "torchtune", must_exist=False)
+        python = backend_python("torchtune", "torchtune", must_exist=False)
         recipe = "lora_finetune_single_device" if job.train.method == "lora" else "full_finetune_single_device"
         device = "cuda" if job.hardware.accelerator == "cuda" else "cpu"
         config_file = job.work_dir / "torchtune.yaml"
@@ -333,15 +333,15 @@ class Torchtune:
             "config": config, "config_file": config_file, "train_rows": lengths,
             "validate": [python, "-m", "torchtune._cli.tune", "validate", str(config_file)],
             "argv": launch_command(python, recipe, config_file, device, DTYPE[job.plan["precision"]]),
-            "env": {"PYTHONPATH": LANE_PATH},
-            # torchtune logs every step; `log_history` averages them over train.logging_steps as the trl lanes do.
+            "env": {"PYTHONPATH": BACKEND_SIDE_PATH},
+            # torchtune logs every step; `log_history` averages them over train.logging_steps as the trl backends do.
             "logging_steps": job.train.logging_steps,
         }
 
     def run(self, job: TrainJob) -> TrainResult:
-        from xtrain_lanes.torchtune_components import rows_trained
+        from xtrain_backend_side.torchtune_components import rows_trained
 
-        lane_python("torchtune", "torchtune")  # its environment is built
+        backend_python("torchtune", "torchtune")  # its environment is built
         if job.plan["precision"] == "bf16":
             log.info("plan precision bf16 -> torchtune dtype=bf16: torchtune holds weights and activations in "
                      "bf16 (it has no fp32-weights autocast mode)")

@@ -1,7 +1,7 @@
-"""The TRL trainer the `trl_cpu` and `trl_local` lanes share: recipe `train` + plan -> `SFTConfig` ->
+"""The TRL trainer the `trl_cpu` and `trl_local` backends share: recipe `train` + plan -> `SFTConfig` ->
 `SFTTrainer` -> weights and tokenizer in `job.out`.
 
-The lanes differ only in where this runs (device, process count); everything that decides what is trained
+The backends differ only in where this runs (device, process count); everything that decides what is trained
 and how is here, once. The trainer's callbacks are listed in one place, `callbacks`.
 """
 
@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from xtrain_lanes.prepared import split_file, train_split_is_packed, training_columns
-from xtrain_lanes.trainer_parts import save_every, step_grouped
+from xtrain_backend_side.prepared import split_file, train_split_is_packed, training_columns
+from xtrain_backend_side.trainer_parts import save_every, step_grouped
 
 from ..errors import XtrainError
 from . import guards
@@ -143,7 +143,7 @@ def native(job: TrainJob, placement: Placement) -> dict:
 
 def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool = False) -> dict:
     """`SFTConfig` keyword arguments (TRL 1.16 / transformers 5.24 names) for the recipe's train section and the
-    plan: the one recipe -> trainer mapping of every TRL-based lane (trl_cpu, trl_local, and unsloth, whose
+    plan: the one recipe -> trainer mapping of every TRL-based backend (trl_cpu, trl_local, and unsloth, whose
     runner translates the names its older transformers spells differently)."""
     train, plan = job.train, job.plan
     layout = plan["layout"]

@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..envs import lane_python
+from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
@@ -164,7 +164,7 @@ class TrlLocal:
         env = {"SLURM_JOB_ID": "$SLURM_JOB_ID", "SLURM_JOB_NUM_NODES": str(hardware.nodes),
                "SLURM_JOB_NODELIST": "$SLURM_JOB_NODELIST"} if hardware.nodes > 1 else {}
         argv = (None if hardware.devices == 1 and hardware.accelerator == "cpu" else
-                torchrun_command(lane_python(self.name, "trl"), hardware, job.work_dir / JOB_FILE, env))
+                torchrun_command(backend_python(self.name, "trl"), hardware, job.work_dir / JOB_FILE, env))
         return native(job, where) | {"argv": argv}
 
     def run(self, job: TrainJob) -> TrainResult:
@@ -183,7 +183,7 @@ class TrlLocal:
         if device == "cpu":
             # torchrun would give each worker one thread; they share the job's cores instead.
             env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // hardware.processes))
-        python = lane_python(self.name, "trl")
+        python = backend_python(self.name, "trl")
         run_command(torchrun_command(python, hardware, job_file, dict(os.environ)), env=env)
         if not result_file.is_file():
             raise XtrainError(f"the trl_local workers exited without writing {result_file}; see the log above")

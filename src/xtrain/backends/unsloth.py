@@ -1,8 +1,8 @@
-"""`unsloth`: Unsloth's FastLanguageModel (+ its LoRA) trained by TRL's SFTTrainer, in the lane's own environment.
+"""`unsloth`: Unsloth's FastLanguageModel (+ its LoRA) trained by TRL's SFTTrainer, in the backend's own environment.
 
-The lane writes a JSON job (model, prepared train split, LoRA settings, and the `SFTConfig` arguments it shares
-with trl_cpu, so both lanes train with the same settings on the same tokens) and launches
-`xtrain_lanes.unsloth_runner` with the interpreter of envs/unsloth.yaml; the runner leaves the adapter (or full model) and
+The backend writes a JSON job (model, prepared train split, LoRA settings, and the `SFTConfig` arguments it shares
+with trl_cpu, so both backends train with the same settings on the same tokens) and launches
+`xtrain_backend_side.unsloth_runner` with the interpreter of envs/unsloth.yaml; the runner leaves the adapter (or full model) and
 tokenizer in `job.out` and its log history in a result file.
 """
 
@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xtrain_lanes import LANE_PATH
-from xtrain_lanes.prepared import split_file, train_split_is_packed, training_columns
+from xtrain_backend_side import BACKEND_SIDE_PATH
+from xtrain_backend_side.prepared import split_file, train_split_is_packed, training_columns
 
 from ..artifacts import read_json, write_json
-from ..envs import lane_python
+from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
 from .base import Capabilities, TrainJob, TrainResult
 from .trl import TRL_FIELDS, cpu_placement, sft_arguments
 
-RUNNER = "xtrain_lanes.unsloth_runner"
+RUNNER = "xtrain_backend_side.unsloth_runner"
 
 
 class Unsloth:
@@ -72,12 +72,12 @@ class Unsloth:
                 "result": str(result.resolve()),
             },
             "job_file": description,
-            "argv": [lane_python(self.name, "unsloth", must_exist=False), "-m", RUNNER, str(description)],
-            "env": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": LANE_PATH},
+            "argv": [backend_python(self.name, "unsloth", must_exist=False), "-m", RUNNER, str(description)],
+            "env": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": BACKEND_SIDE_PATH},
         }
 
     def run(self, job: TrainJob) -> TrainResult:
-        lane_python(self.name, "unsloth")  # its environment is built
+        backend_python(self.name, "unsloth")  # its environment is built
         launch = self.native(job)
         job.work_dir.mkdir(parents=True, exist_ok=True)
         result = Path(launch["job"]["result"])

@@ -1,6 +1,6 @@
-"""Shared by the tests of the lanes with their own environment: the tiny recipe they all train, its trl_cpu
-reference run (once per session), and the lane environments, built once into the work tree's .venvs/<lane>/
-(as rule build_lane_env builds them) and reused while their ready.json records the current spec's hash."""
+"""Shared by the tests of the backends with their own environment: the tiny recipe they all train, its trl_cpu
+reference run (once per session), and the backend environments, built once into the work tree's .venvs/<backend>/
+(as rule build_backend_env builds them) and reused while their ready.json records the current spec's hash."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import fcntl
 
 import pytest
 import yaml
-
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import REPO, build_run
+
 from xtrain.artifacts import read_json
 from xtrain.envs import build, is_built
 from xtrain.recipe import Train
@@ -25,29 +25,29 @@ def tiny_train(backend: str, **changes) -> Train:
 
 @pytest.fixture(scope="session")
 def trl_cpu_reference(tiny_model, tmp_path_factory) -> dict:
-    """train_metrics.json of trl_cpu on the tiny recipe: what each lane's first-step loss is compared with."""
+    """train_metrics.json of trl_cpu on the tiny recipe: what each backend's first-step loss is compared with."""
     run = build_run(tmp_path_factory.mktemp("trl_cpu_reference"), tiny_model, tiny_train("trl_cpu"))
     return read_json(run["checkpoint"] / "train_metrics.json")
 
 
-def ensure_lane_env(backend: str) -> None:
+def ensure_backend_env(backend: str) -> None:
     """Build .venvs/<backend> unless it is a build of the current spec; one builder at a time (xdist workers)."""
     spec, target = REPO / "envs" / f"{backend}.yaml", REPO / ".venvs" / backend
     target.parent.mkdir(exist_ok=True)
     with open(target.parent / f".{backend}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not is_built(spec, target):
-            lanes = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["backends"]
-            build(spec, target, lanes[backend].get("uninstall", []))
+            backends = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["backends"]
+            build(spec, target, backends[backend].get("uninstall", []))
 
 
 def train_tiny_recipe_in_lane(backend: str, reference: dict, tiny_model, tmp_path, monkeypatch) -> dict:
-    """Train the tiny LoRA recipe in the lane's own environment and check what every such lane promises: the
+    """Train the tiny LoRA recipe in the backend's own environment and check what every such backend promises: the
     checkpoint contract, four logged steps, trl_cpu's first-step loss within 2% (the same rows in the first
     batch and LoRA's B at zero make it the base model's loss on that batch) and a tuned model better than
     the base. Returns the checkpoint's train_metrics.json."""
-    ensure_lane_env(backend)
-    monkeypatch.chdir(REPO)  # the lane finds its interpreter under .venvs/
+    ensure_backend_env(backend)
+    monkeypatch.chdir(REPO)  # the backend finds its interpreter under .venvs/
     run = build_run(tmp_path, tiny_model, tiny_train(backend))
     metrics = assert_checkpoint_contract(run["checkpoint"], tiny_model, backend)
     assert (run["checkpoint"] / "adapter_model.safetensors").is_file()

@@ -1,9 +1,9 @@
-"""torchtune components of the `torchtune` lane; this module runs inside torchtune's own environment.
+"""torchtune components of the `torchtune` backend; this module runs inside torchtune's own environment.
 
-The backend's config names these by `_component_` (`xtrain_lanes.torchtune_components.…`). They let
-torchtune train on xtrain's prepared tokens (so every lane sees the same data and loss mask), give its
+The backend's config names these by `_component_` (`xtrain_backend_side.torchtune_components.…`). They let
+torchtune train on xtrain's prepared tokens (so every backend sees the same data and loss mask), give its
 recipe the pad id of the model's own tokenizer, and run the recipe's learning-rate schedule. Only the
-standard library, torch, torchtune and `xtrain_lanes` are imported here: xtrain's stack is not in that
+standard library, torch, torchtune and `xtrain_backend_side` are imported here: xtrain's stack is not in that
 environment.
 """
 
@@ -17,14 +17,22 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
-from xtrain_lanes.prepared import IGNORE_INDEX, INPUT_IDS, LOSS_MASK, SEQ_LENGTHS, is_packed, labels, training_columns
+from xtrain_backend_side.prepared import (
+    IGNORE_INDEX,
+    INPUT_IDS,
+    LOSS_MASK,
+    SEQ_LENGTHS,
+    is_packed,
+    labels,
+    training_columns,
+)
 
 SAMPLER_SEED = 0  # torchtune 0.6.1's recipes build their sampler with seed=0, whatever the config's seed
 
 
 def row_order(rows: int, seed: int) -> list[int]:
     """The order the dataset presents the prepared rows in: a permutation by the recipe's seed, so that
-    train.seed changes the data order as in the other lanes (torchtune's own sampler ignores the seed)."""
+    train.seed changes the data order as in the other backends (torchtune's own sampler ignores the seed)."""
     generator = torch.Generator()
     generator.manual_seed(seed)
     return torch.randperm(rows, generator=generator).tolist()
@@ -45,7 +53,7 @@ def rows_trained(rows: int, seed: int, epochs: int, rows_per_epoch: int) -> list
 
 class PreparedTokens(Dataset):
     """Rows of xtrain's prepared `train.parquet`: tokens, and labels that are the tokens where
-    the loss mask is 1 and IGNORE_INDEX elsewhere (xtrain_lanes.prepared; torchtune's recipe shifts them by one
+    the loss mask is 1 and IGNORE_INDEX elsewhere (xtrain_backend_side.prepared; torchtune's recipe shifts them by one
     itself, and its CROSS_ENTROPY_IGNORE_IDX is the same -100).
 
     Packed rows come as torchtune's pack format, as its PackedDataset makes it:
@@ -124,7 +132,7 @@ def lr_scheduler(
     warmup_ratio: float = 0.0,
     last_epoch: int = -1,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """The recipe's schedule with the formulas of transformers' get_scheduler, so that every lane walks
+    """The recipe's schedule with the formulas of transformers' get_scheduler, so that every backend walks
     the same learning-rate curve: linear warmup over ceil(ratio x steps), then linear decay to 0, half a
     cosine to 0, or constant (`constant` has no warmup)."""
     warmup = 0 if schedule == "constant" else math.ceil(num_training_steps * warmup_ratio)

@@ -1,4 +1,4 @@
-"""The axolotl lane: its translation checked by Axolotl's own config loader, its refusals, and a real run."""
+"""The axolotl backend: its translation checked by Axolotl's own config loader, its refusals, and a real run."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import subprocess
 
 import pytest
 import yaml
-
+from backend_runs import ensure_backend_env, train_tiny_recipe_in_lane, trl_cpu_reference  # noqa: F401 (a fixture)
+from backend_runs import tiny_train as backend_train
 from conftest import REPO
-from lanes import ensure_lane_env, train_tiny_recipe_in_lane, trl_cpu_reference  # noqa: F401 (a fixture)
-from lanes import tiny_train as lane_train
+
 from xtrain import backends
-from xtrain.backends import TrainJob, get_backend
+from xtrain.backends import TrainJob
 from xtrain.backends.axolotl import OFFLINE, axolotl_config, cpu_precision, export_tokens
 from xtrain.errors import XtrainError
 from xtrain.recipe import Hardware, Lora, Train
@@ -34,7 +34,7 @@ for path in sys.argv[1:]:
 
 
 def tiny_train(**changes) -> Train:
-    return lane_train("axolotl", **changes)
+    return backend_train("axolotl", **changes)
 
 
 def plan(**changes) -> dict:
@@ -92,7 +92,7 @@ def test_a_bf16_plan_trains_in_fp32_and_says_so(tmp_path, caplog):
 
 @pytest.mark.slow
 def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(tiny_model, tmp_path):
-    ensure_lane_env("axolotl")
+    ensure_backend_env("axolotl")
     trains = [
         tiny_train(lr_scheduler="linear", warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=0.5, seed=3,
                    lora=Lora(r=4, alpha=8, dropout=0.1, target_modules=["q_proj", "v_proj"])),

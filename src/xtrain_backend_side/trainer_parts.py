@@ -1,4 +1,4 @@
-"""Pieces of transformers' Trainer that every lane built on it shares: timed saves, complete-checkpoint
+"""Pieces of transformers' Trainer that every backend built on it shares: timed saves, complete-checkpoint
 markers, and length grouping per optimizer step.
 
 The TRL backends import this module, and so does the unsloth runner in its backend's own interpreter
@@ -52,7 +52,7 @@ def step_grouped(trainer_class):
     """`trainer_class` with length grouping per optimizer step rather than per process.
 
     transformers groups rows of similar length in windows of one process's share of a step, so the rows a
-    step trains on would change with the process count (and between lanes); grouping over the global batch
+    step trains on would change with the process count (and between backends); grouping over the global batch
     (micro-batch x accumulation x processes) makes every layout train on the same rows in the same order.
     """
     from transformers.trainer_pt_utils import LengthGroupedSampler

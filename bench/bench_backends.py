@@ -1,15 +1,14 @@
 """The same tiny recipe through trl_cpu, axolotl and unsloth: loss per step, tokens, throughput, eval.
 
-    .venv/bin/python bench/bench_lanes.py [lane ...]   # default: all three; ~5 min on 2 cores once the lane
+    .venv/bin/python bench/bench_backends.py [backend ...]   # default: all three; ~5 min on 2 cores once the backend
                                                         # environments exist (.venvs/axolotl, .venvs/unsloth)
 
-Each lane trains 4 LoRA steps (global batch 4, lr 5e-3) of the demo model on the demo data, prepared and
-planned once, so every lane sees the same prepared tokens and the same plan (printed: its precision).
+Each backend trains 4 LoRA steps (global batch 4, lr 5e-3) of the demo model on the demo data, prepared and
+planned once, so every backend sees the same prepared tokens and the same plan (printed: its precision).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import tempfile
@@ -29,9 +28,9 @@ from xtrain.tiny_model import build_tiny_model  # noqa: E402
 from xtrain.train import run_training  # noqa: E402
 
 
-def main(lanes: list[str]) -> None:
+def main(backends: list[str]) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    root = Path(tempfile.mkdtemp(prefix="bench-lanes-"))
+    root = Path(tempfile.mkdtemp(prefix="bench-backends-"))
     settings = yaml.safe_load((ROOT / "config/config.yaml").read_text())["tiny_model"]
     model = root / "model"
     build_tiny_model(ROOT / settings["corpus"], model, **settings["settings"])
@@ -41,17 +40,17 @@ def main(lanes: list[str]) -> None:
     plan = root / "plan.json"
     write_json(plan, make_plan(model, manifest, Train(**shape), Hardware()))
     print(f"plan precision: {read_json(plan)['precision']}")
-    print("| lane | loss at steps 1-4 | tokens seen | train s | tokens/s | eval loss base -> tuned |")
+    print("| backend | loss at steps 1-4 | tokens seen | train s | tokens/s | eval loss base -> tuned |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for lane in lanes:
-        checkpoint = root / lane
+    for backend in backends:
+        checkpoint = root / backend
         metrics = run_training(model_dir=model, prepared_dir=root / "prepared", plan_path=plan,
-                               train=Train(**shape, backend=lane), hardware=Hardware(), out=checkpoint,
-                               work_dir=root / f"runs-{lane}")
-        evaluate(model, checkpoint, root / "prepared", Eval(batch_size=8), root / f"{lane}.json")
-        report = read_json(root / f"{lane}.json")
+                               train=Train(**shape, backend=backend), hardware=Hardware(), out=checkpoint,
+                               work_dir=root / f"runs-{backend}")
+        evaluate(model, checkpoint, root / "prepared", Eval(batch_size=8), root / f"{backend}.json")
+        report = read_json(root / f"{backend}.json")
         losses = ", ".join(f"{entry['loss']:.5f}" for entry in metrics["loss"])
-        print(f"| {lane} | {losses} | {metrics['tokens_seen']} | {metrics['wall_seconds']} | "
+        print(f"| {backend} | {losses} | {metrics['tokens_seen']} | {metrics['wall_seconds']} | "
               f"{metrics['tokens_per_second']} | {report['base_loss']:.4f} -> {report['tuned_loss']:.4f} |", flush=True)
 
 

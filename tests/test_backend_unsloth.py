@@ -1,11 +1,11 @@
-"""The unsloth lane: its refusals, and a real run in its own environment compared with trl_cpu."""
+"""The unsloth backend: its refusals, and a real run in its own environment compared with trl_cpu."""
 
 from __future__ import annotations
 
 import pytest
+from backend_runs import tiny_train as backend_train
+from backend_runs import train_tiny_recipe_in_lane, trl_cpu_reference  # noqa: F401 (a fixture)
 
-from lanes import tiny_train as lane_train
-from lanes import train_tiny_recipe_in_lane, trl_cpu_reference  # noqa: F401 (a fixture)
 from xtrain import backends
 from xtrain.backends import get_backend
 from xtrain.errors import XtrainError
@@ -13,7 +13,7 @@ from xtrain.recipe import Hardware, Lora, Train
 
 
 def tiny_train(**changes) -> Train:
-    return lane_train("unsloth", **changes)
+    return backend_train("unsloth", **changes)
 
 
 def test_a_gpu_recipe_is_refused_before_launch():
@@ -28,7 +28,7 @@ def test_all_linear_targets_are_refused_with_the_names_to_list():
 
 @pytest.mark.slow
 def test_unsloth_trains_the_tiny_recipe_like_trl_cpu(trl_cpu_reference, tiny_model, tmp_path, monkeypatch):
-    # Both lanes build SFTTrainer from the same `sft_arguments` on the same prepared rows with the same seed:
+    # Both backends build SFTTrainer from the same `sft_arguments` on the same prepared rows with the same seed:
     # step 1's loss was seen equal to 5 digits on 2026-12-02 (on the CPU Unsloth falls back to transformers'
     # forward, with its chunked cross-entropy).
     metrics = train_tiny_recipe_in_lane("unsloth", trl_cpu_reference, tiny_model, tmp_path, monkeypatch)

@@ -1,4 +1,4 @@
-"""Rule build_lane_env: a lane's pinned conda spec -> the virtual environment .venvs/<lane>/."""
+"""Rule build_backend_env: a backend's pinned conda spec -> the virtual environment .venvs/<backend>/."""
 import sys
 from pathlib import Path
 

@@ -1,10 +1,9 @@
-"""The axolotl and unsloth lanes in the workflow: their environments are built by rule build_lane_env before
-their train jobs, and a recipe a lane refuses stops the workflow before any job runs."""
+"""The axolotl and unsloth backends in the workflow: their environments are built by rule build_backend_env before
+their train jobs, and a recipe a backend refuses stops the workflow before any job runs."""
 
 from __future__ import annotations
 
 import pytest
-
 from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
 
 pytestmark = pytest.mark.slow  # drives real snakemake (dry runs)
@@ -13,11 +12,11 @@ DEMO = (REPO / "recipes" / "demo.yaml").read_text()
 
 
 def test_each_lane_trains_after_its_own_environment_is_built(tmp_path):
-    project = copy_workflow(tmp_path, {lane: DEMO.replace("backend: trl_cpu", f"backend: {lane}")
-                                       for lane in ("axolotl", "unsloth")})
+    project = copy_workflow(tmp_path, {backend: DEMO.replace("backend: trl_cpu", f"backend: {backend}")
+                                       for backend in ("axolotl", "unsloth")})
     result = snakemake(project, "-n", "checkpoints/axolotl", "checkpoints/unsloth")
     output = result.stdout + result.stderr
-    assert {("train", "axolotl"), ("train", "unsloth"), ("build_lane_env", None)} <= scheduled_jobs(output)
+    assert {("train", "axolotl"), ("train", "unsloth"), ("build_backend_env", None)} <= scheduled_jobs(output)
     assert "output: .venvs/axolotl/ready.json" in output and "output: .venvs/unsloth/ready.json" in output
 
 

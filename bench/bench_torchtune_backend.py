@@ -1,9 +1,9 @@
-"""torchtune lane against trl_cpu on the tiny recipe: loss curves, tokens, held-out loss and wall time.
+"""torchtune backend against trl_cpu on the tiny recipe: loss curves, tokens, held-out loss and wall time.
 
-    .venv/bin/python bench/bench_torchtune_lane.py    # ~3 min on 2 cores; needs .venvs/torchtune (see docs/backends.md)
+    .venv/bin/python bench/bench_torchtune_backend.py    # ~3 min on 2 cores; needs .venvs/torchtune (see docs/backends.md)
 
 The demo model and data (seq_len 128), LoRA r 8 / alpha 16 / dropout 0, global batch 4, 4 steps at lr 5e-3,
-once with unpacked rows and once with `data.packing: true`, each lane through `run_training` with the plan
+once with unpacked rows and once with `data.packing: true`, each backend through `run_training` with the plan
 this machine picks (bf16 on a CPU with native bf16). Prints one line per run for BENCHMARKS.md.
 """
 
@@ -32,7 +32,7 @@ from xtrain.train import run_training  # noqa: E402
 def main() -> None:
     import os
 
-    os.chdir(ROOT)  # the lane finds its environment as .venvs/torchtune under the working directory
+    os.chdir(ROOT)  # the backend finds its environment as .venvs/torchtune under the working directory
     settings = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["tiny_model"]
     root = Path(tempfile.mkdtemp(prefix="bench-torchtune-"))
     model = root / "tiny-llama"

@@ -1,11 +1,11 @@
-"""The `unsloth` lane's trainer, run by the lane's own interpreter (.venvs/unsloth or its conda env).
+"""The `unsloth` backend's trainer, run by the backend's own interpreter (.venvs/unsloth or its conda env).
 
-`python -m xtrain_lanes.unsloth_runner job.json`: the job (written by `xtrain.backends.unsloth`) holds the model folder,
-the prepared train split, the LoRA settings and the `SFTConfig` arguments every TRL-based lane shares; this
+`python -m xtrain_backend_side.unsloth_runner job.json`: the job (written by `xtrain.backends.unsloth`) holds the model folder,
+the prepared train split, the LoRA settings and the `SFTConfig` arguments every TRL-based backend shares; this
 script loads the model with Unsloth's `FastLanguageModel`, trains with TRL's `SFTTrainer` on the prepared
 tokens, saves the weights and tokenizer into the job's `out` and writes the log history to its `result`.
-The lane's environment has Unsloth's stack, not xtrain's, so the runner imports no xtrain module; the Trainer
-pieces every lane shares come from `xtrain_lanes.trainer_parts`.
+The backend's environment has Unsloth's stack, not xtrain's, so the runner imports no xtrain module; the Trainer
+pieces every backend shares come from `xtrain_backend_side.trainer_parts`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from xtrain_lanes import trainer_parts
+from xtrain_backend_side import trainer_parts
 
 
 def sft_config(arguments: dict):
@@ -33,7 +33,7 @@ def sft_config(arguments: dict):
     unknown = sorted(set(arguments) - fields)
     if unknown:
         raise SystemExit(
-            f"unsloth lane: this environment's SFTConfig has no {unknown}; rebuild it from envs/unsloth.yaml"
+            f"unsloth backend: this environment's SFTConfig has no {unknown}; rebuild it from envs/unsloth.yaml"
         )
     return SFTConfig(**arguments)
 
