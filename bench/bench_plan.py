@@ -182,7 +182,7 @@ def plan_vs_trl_defaults(model_dir: Path) -> list[str]:
     rows = []
     for method in ("lora", "full"):
         plan = make_plan(model_dir, manifest, Train(method=method, global_batch_size=BATCH), Hardware())
-        chosen = (plan["precision"], plan["gradient_checkpointing"], plan["layout"]["micro_batch_size"])
+        chosen = (plan.precision, plan.gradient_checkpointing, plan.layout.micro_batch_size)
         settings = {"plan": chosen, "TRL defaults": ("bf16", True, BATCH)}
         runs = {name: [] for name in settings}
         models = {name: load(model_dir, method, ckpt) for name, (_, ckpt, _) in settings.items()}

@@ -1,5 +1,4 @@
 # Recipe loading and every helper the stage rules use; stage files hold rules only.
-import json
 import sys
 from pathlib import Path
 
@@ -8,6 +7,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from xtrain.plan import read_plan  # noqa: E402
 from xtrain.preflight import preflight  # noqa: E402
 from xtrain.recipe import RecipeError, stage_params  # noqa: E402
 
@@ -112,6 +112,6 @@ def planned(key, default):
 
     def resource(wildcards, input):
         plan = Path(input.plan)
-        return json.loads(plan.read_text())["resources"][key] if plan.is_file() else default
+        return getattr(read_plan(plan).resources, key) if plan.is_file() else default
 
     return resource

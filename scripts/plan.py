@@ -3,8 +3,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
-from xtrain.artifacts import read_json, write_json
-from xtrain.plan import make_plan
+from xtrain.artifacts import read_json
+from xtrain.plan import make_plan, write_plan
 from xtrain.recipe import Hardware, Train, trusts_remote_code
 from xtrain.stage import recipe_file, run_stage
 
@@ -18,7 +18,7 @@ def plan():
         hardware=Hardware.model_validate(recipe["hardware"]),
         trust_remote_code=trusts_remote_code(recipe),
     )
-    write_json(snakemake.output[0], result)
+    write_plan(snakemake.output[0], result)
 
 
 run_stage(snakemake.log[0], plan, recipe_file(snakemake))

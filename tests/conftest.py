@@ -18,10 +18,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from xtrain.artifacts import write_json  # noqa: E402
 from xtrain.data import prepare  # noqa: E402
 from xtrain.evaluate import evaluate  # noqa: E402
-from xtrain.plan import make_plan  # noqa: E402
+from xtrain.plan import Plan, make_plan, write_plan  # noqa: E402
 from xtrain.recipe import Data, DataSource, Eval, Hardware, Train  # noqa: E402
 from xtrain.train import run_training  # noqa: E402
 
@@ -46,6 +45,35 @@ def tiny_model(tmp_path_factory) -> Path:
     return out
 
 
+# A complete plan.json (the demo model's, trl_cpu on the CPU) for tests of what backends do with a plan.
+SAMPLE_PLAN = {
+    "model": {"total": 332256, "trainable": 21504, "largest_layer": 116928, "layers": 2, "hidden_size": 96,
+              "intermediate_size": 272, "vocab_size": 1024},
+    "data": {"train_rows": 352, "train_tokens": 11801, "supervised_tokens": 3139, "seq_len": 128,
+             "longest_sequence_tokens": 76, "mean_sequence_tokens": 33.5, "fingerprint": "0" * 64},
+    "layout": {"strategy": "single", "devices": 1, "nodes": 1, "global_batch_size": 8, "micro_batch_size": 8,
+               "gradient_accumulation_steps": 1},
+    "precision": "fp32", "weights_dtype": "fp32", "gradient_checkpointing": False,
+    "memory": {"estimator": "traced", "device": "cpu", "peak_bytes_per_device": 18666280,
+               "reserved_bytes_per_device": 18666280, "budget_bytes_per_device": 21137969971,
+               "breakdown_bytes": {"weights": 1329120, "gradients": 0, "optimizer": 172096, "activations": 12184328,
+                                   "workspace": 4980736},
+               "analytical_peak_bytes_per_device": 18770201},
+    "time": {"steps": 44, "tokens_per_step": 268, "flops_per_token": 1324032, "flops_source": "traced",
+             "ops_per_micro_step": 2058, "device_flops": 1.35e11, "op_seconds": 1.48e-05,
+             "throughput_source": "cpu probe (2 threads, fp32, width 96) x efficiency 0.75",
+             "seconds_per_step": 0.0331, "seconds": 1.5},
+    "resources": {"gpus": 0, "nodes": 1, "cpus": 2, "mem_mb": 1943, "runtime": 11},
+}
+
+
+def sample_plan(**changes) -> Plan:
+    """SAMPLE_PLAN with `changes`: top-level values, or a section's fields as a dict merged into that section."""
+    data = {key: ({**value, **changes[key]} if isinstance(value, dict) and key in changes else changes.get(key, value))
+            for key, value in SAMPLE_PLAN.items()}
+    return Plan.model_validate(data)
+
+
 def build_run(tmp_path: Path, model_dir: Path, train: Train, hardware: Hardware | None = None) -> dict[str, Path]:
     """prepare -> plan -> train -> evaluate through the library, on the demo data at seq_len 128."""
     data = Data(sources=[DataSource(path=str(REPO / "data/demo/chat.jsonl"))], seq_len=128, eval_fraction=0.1)
@@ -53,7 +81,7 @@ def build_run(tmp_path: Path, model_dir: Path, train: Train, hardware: Hardware 
     prepared = tmp_path / "prepared"
     manifest = prepare([Path(s.path) for s in data.sources], model_dir, data, prepared)
     plan_path = tmp_path / "plan.json"
-    write_json(plan_path, make_plan(model_dir, manifest, train, hardware))
+    write_plan(plan_path, make_plan(model_dir, manifest, train, hardware))
     checkpoint = tmp_path / "checkpoint"
     run_training(
         model_dir=model_dir, prepared_dir=prepared, plan_path=plan_path, train=train, hardware=hardware,

@@ -10,12 +10,13 @@ import pytest
 import yaml
 from backend_runs import ensure_backend_env, train_tiny_recipe_in_lane, trl_cpu_reference  # noqa: F401 (a fixture)
 from backend_runs import tiny_train as backend_train
-from conftest import REPO
+from conftest import REPO, sample_plan
 
 from xtrain import backends
 from xtrain.backends import TrainJob
 from xtrain.backends.axolotl import OFFLINE, axolotl_config, cpu_precision, export_tokens
 from xtrain.errors import XtrainError
+from xtrain.plan import Plan
 from xtrain.recipe import Hardware, Lora, Train
 
 PYTHON = str(REPO / ".venvs" / "axolotl" / "bin" / "python")
@@ -37,10 +38,10 @@ def tiny_train(**changes) -> Train:
     return backend_train("axolotl", **changes)
 
 
-def plan(**changes) -> dict:
-    return {"precision": "fp32", "gradient_checkpointing": False, "data": {"seq_len": 128},
-            "layout": {"micro_batch_size": 2, "gradient_accumulation_steps": 2},
-            "time": {"steps": 40, "seconds_per_step": 30.0}, **changes}
+def plan(**changes) -> Plan:
+    return sample_plan(**{"precision": "fp32", "gradient_checkpointing": False, "data": {"seq_len": 128},
+                          "layout": {"micro_batch_size": 2, "gradient_accumulation_steps": 2},
+                          "time": {"steps": 40, "seconds_per_step": 30.0}, **changes})
 
 
 def job(tmp_path, train, plan_, model=None) -> TrainJob:

@@ -193,9 +193,8 @@ def test_preview_marks_exactly_the_trained_tokens(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_packed_data_trains_through_trl_cpu_and_evaluates(tiny_model, tmp_path):
-    from xtrain.artifacts import write_json
     from xtrain.evaluate import evaluate
-    from xtrain.plan import make_plan
+    from xtrain.plan import make_plan, write_plan
     from xtrain.recipe import Eval, Hardware, Train
     from xtrain.train import run_training
 
@@ -203,7 +202,7 @@ def test_packed_data_trains_through_trl_cpu_and_evaluates(tiny_model, tmp_path):
     prepared = tmp_path / "prepared"
     manifest = run(tiny_model, prepared, demo, seq_len=128, eval_fraction=0.1, packing=True)
     train = Train(method="lora", global_batch_size=4, max_steps=10, learning_rate=5e-3, logging_steps=2)
-    write_json(tmp_path / "plan.json", make_plan(tiny_model, manifest, train, Hardware()))
+    write_plan(tmp_path / "plan.json", make_plan(tiny_model, manifest, train, Hardware()))
     metrics = run_training(model_dir=tiny_model, prepared_dir=prepared, plan_path=tmp_path / "plan.json",
                            train=train, hardware=Hardware(), out=tmp_path / "ckpt", work_dir=tmp_path / "runs")
     assert metrics["steps"] == 10

@@ -107,7 +107,7 @@ def test_lora_target_that_matches_no_module_is_an_error(model_dir, targets):
 
 def test_make_plan_reports_the_parameter_counts(model_dir):
     plan = make_plan(model_dir, manifest(), Train(method="full"), Hardware())
-    assert plan["model"] == count_parameters(model_dir, Train(method="full"))
+    assert plan.model.model_dump() == count_parameters(model_dir, Train(method="full"))
 
 
 # --- batch layout -----------------------------------------------------------------------------------
@@ -127,13 +127,13 @@ LAYOUTS = [
 def test_micro_batch_times_accumulation_times_devices_is_the_global_batch(model_dir, global_batch, micro, hardware):
     train = Train(global_batch_size=global_batch, micro_batch_size=micro)
     hw = Hardware(**hardware)
-    layout = make_plan(model_dir, manifest(), train, hw)["layout"]
-    assert layout["micro_batch_size"] * layout["gradient_accumulation_steps"] * layout["devices"] == global_batch
-    assert layout["devices"] == hw.devices
-    assert layout["global_batch_size"] == global_batch
-    assert layout["strategy"] == ("single" if hw.devices == 1 else "ddp")
+    layout = make_plan(model_dir, manifest(), train, hw).layout
+    assert layout.micro_batch_size * layout.gradient_accumulation_steps * layout.devices == global_batch
+    assert layout.devices == hw.devices
+    assert layout.global_batch_size == global_batch
+    assert layout.strategy == ("single" if hw.devices == 1 else "ddp")
     if micro:
-        assert layout["micro_batch_size"] == micro
+        assert layout.micro_batch_size == micro
 
 
 @pytest.mark.parametrize(
@@ -155,20 +155,20 @@ def test_micro_batch_that_does_not_divide_the_per_device_batch_is_an_error(model
 def test_a_small_gpu_gets_checkpointing_or_a_smaller_micro_batch(model_dir, method):
     train = Train(method=method, global_batch_size=8)
     roomy = make_plan(model_dir, manifest(), train, Hardware(accelerator="cuda", gpus=1))
-    assert roomy["layout"]["micro_batch_size"] == 8
-    assert roomy["gradient_checkpointing"] is False
-    need = roomy["memory"]["peak_bytes_per_device"]
+    assert roomy.layout.micro_batch_size == 8
+    assert roomy.gradient_checkpointing is False
+    need = roomy.memory.peak_bytes_per_device
 
     # A GPU with room for 60% of the tensors the unconstrained layout needs, besides the runtime's own.
     memory = GPU_CONTEXT_BYTES + ALLOCATOR_SLACK * 0.6 * need
     small = Hardware(accelerator="cuda", gpus=1, gpu_memory_gb=memory / 2**30)
     plan = make_plan(model_dir, manifest(), train, small)
-    assert plan["gradient_checkpointing"] or plan["layout"]["micro_batch_size"] < 8
-    assert plan["memory"]["peak_bytes_per_device"] <= 0.6 * need
-    assert plan["memory"]["reserved_bytes_per_device"] <= plan["memory"]["budget_bytes_per_device"]
-    layout = plan["layout"]
-    assert layout["micro_batch_size"] * layout["gradient_accumulation_steps"] == 8
-    assert plan["memory"]["peak_bytes_per_device"] == sum(plan["memory"]["breakdown_bytes"].values())
+    assert plan.gradient_checkpointing or plan.layout.micro_batch_size < 8
+    assert plan.memory.peak_bytes_per_device <= 0.6 * need
+    assert plan.memory.reserved_bytes_per_device <= plan.memory.budget_bytes_per_device
+    layout = plan.layout
+    assert layout.micro_batch_size * layout.gradient_accumulation_steps == 8
+    assert plan.memory.peak_bytes_per_device == sum(plan.memory.breakdown_bytes.values())
 
 
 def test_a_run_that_fits_nowhere_says_no_single_change_fits(model_dir):
@@ -185,10 +185,10 @@ def test_a_run_that_fits_nowhere_says_no_single_change_fits(model_dir):
 
 def test_lora_needs_less_memory_than_full(model_dir):
     hw = Hardware(accelerator="cuda", gpus=1)
-    lora = make_plan(model_dir, manifest(), Train(method="lora"), hw)["memory"]
-    full = make_plan(model_dir, manifest(), Train(method="full"), hw)["memory"]
-    assert lora["breakdown_bytes"]["optimizer"] < full["breakdown_bytes"]["optimizer"]
-    assert lora["peak_bytes_per_device"] < full["peak_bytes_per_device"]
+    lora = make_plan(model_dir, manifest(), Train(method="lora"), hw).memory
+    full = make_plan(model_dir, manifest(), Train(method="full"), hw).memory
+    assert lora.breakdown_bytes["optimizer"] < full.breakdown_bytes["optimizer"]
+    assert lora.peak_bytes_per_device < full.peak_bytes_per_device
 
 
 # --- precision, resources, time ---------------------------------------------------------------------
@@ -206,22 +206,22 @@ def test_lora_needs_less_memory_than_full(model_dir):
 )
 def test_gpu_precision_is_bf16_where_supported_else_fp16(model_dir, hardware, method, precision, weights):
     plan = make_plan(model_dir, manifest(), Train(backend="trl_local", method=method, global_batch_size=16), Hardware(**hardware))
-    assert (plan["precision"], plan["weights_dtype"]) == (precision, weights)
+    assert (plan.precision, plan.weights_dtype) == (precision, weights)
 
 
 def test_cpu_precision_is_the_faster_predicted_one(model_dir, monkeypatch):
     import xtrain.plan as plan_module
 
     monkeypatch.setattr(plan_module, "cpu_supports_bf16", lambda: False)
-    assert make_plan(model_dir, manifest(), Train(), Hardware())["precision"] == "fp32"
+    assert make_plan(model_dir, manifest(), Train(), Hardware()).precision == "fp32"
     monkeypatch.setattr(plan_module, "cpu_supports_bf16", lambda: True)
     chosen = make_plan(model_dir, manifest(), Train(), Hardware())
     seconds = {}
     for precision in ("fp32", "bf16"):
         monkeypatch.setattr(plan_module, "precisions", lambda hardware, backend, p=precision: [p])
-        seconds[precision] = make_plan(model_dir, manifest(), Train(), Hardware())["time"]["seconds_per_step"]
-    assert chosen["precision"] == min(seconds, key=seconds.get)
-    assert chosen["weights_dtype"] == "fp32"
+        seconds[precision] = make_plan(model_dir, manifest(), Train(), Hardware()).time.seconds_per_step
+    assert chosen.precision == min(seconds, key=seconds.get)
+    assert chosen.weights_dtype == "fp32"
 
 
 @pytest.mark.parametrize(
@@ -230,18 +230,18 @@ def test_cpu_precision_is_the_faster_predicted_one(model_dir, monkeypatch):
 def test_resources_are_positive_and_match_the_hardware(model_dir, hardware):
     hw = Hardware(**hardware)
     plan = make_plan(model_dir, manifest(), Train(global_batch_size=8), hw)
-    resources = plan["resources"]
-    assert isinstance(resources["mem_mb"], int) and resources["mem_mb"] > 0
-    assert isinstance(resources["runtime"], int) and resources["runtime"] > 0
-    assert resources["gpus"] == hw.gpus
-    assert resources["nodes"] == hw.nodes
-    assert plan["time"]["seconds"] >= 0
+    resources = plan.resources
+    assert isinstance(resources.mem_mb, int) and resources.mem_mb > 0
+    assert isinstance(resources.runtime, int) and resources.runtime > 0
+    assert resources.gpus == hw.gpus
+    assert resources.nodes == hw.nodes
+    assert plan.time.seconds >= 0
 
 
 def test_plan_carries_the_data_summary(model_dir):
     m = manifest(rows=100, mean_len=50, seq_len=128)
     plan = make_plan(model_dir, m, Train(), Hardware())
-    assert plan["data"] == {
+    assert plan.data.model_dump() == {
         "train_rows": 100,
         "train_tokens": 5000,
         "supervised_tokens": 5000 // 3,
@@ -250,7 +250,7 @@ def test_plan_carries_the_data_summary(model_dir):
         "mean_sequence_tokens": 50.0,
         "fingerprint": m["fingerprint"],
     }
-    assert plan["time"]["tokens_per_step"] == 8 * 50
+    assert plan.time.tokens_per_step == 8 * 50
 
 
 @pytest.mark.parametrize(
@@ -260,30 +260,42 @@ def test_plan_carries_the_data_summary(model_dir):
 def test_steps_follow_rows_batch_and_epochs(model_dir, rows, global_batch, epochs):
     plan = make_plan(model_dir, manifest(rows=rows), Train(global_batch_size=global_batch, epochs=epochs), Hardware())
     # As the HF Trainer counts them: a partial last batch is a step of every epoch.
-    assert plan["time"]["steps"] == math.ceil(math.ceil(rows / global_batch) * epochs)
+    assert plan.time.steps == math.ceil(math.ceil(rows / global_batch) * epochs)
     if rows % global_batch == 0:
-        assert plan["time"]["steps"] == math.ceil(rows / global_batch * epochs)
+        assert plan.time.steps == math.ceil(rows / global_batch * epochs)
 
 
 def test_max_steps_overrides_epochs(model_dir):
     plan = make_plan(model_dir, manifest(rows=100), Train(global_batch_size=8, epochs=3, max_steps=7), Hardware())
-    assert plan["time"]["steps"] == 7
+    assert plan.time.steps == 7
 
 
 def test_more_steps_predict_more_time(model_dir):
     short = make_plan(model_dir, manifest(rows=100), Train(max_steps=10), Hardware())
     long = make_plan(model_dir, manifest(rows=100), Train(max_steps=100), Hardware())
-    assert long["time"]["seconds"] > short["time"]["seconds"]
-    assert long["resources"]["runtime"] >= short["resources"]["runtime"]
+    assert long.time.seconds > short.time.seconds
+    assert long.resources.runtime >= short.resources.runtime
 
 
 def test_cpu_processes_share_the_node_memory_and_cores(model_dir):
     one = make_plan(model_dir, manifest(), Train(global_batch_size=8), Hardware(host_memory_gb=16, cpus=2))
     two = make_plan(model_dir, manifest(), Train(global_batch_size=8), Hardware(host_memory_gb=16, cpus=2, processes=2))
-    assert (two["layout"]["strategy"], two["layout"]["devices"]) == ("ddp", 2)
-    assert two["layout"]["micro_batch_size"] * two["layout"]["gradient_accumulation_steps"] == 4
+    assert (two.layout.strategy, two.layout.devices) == ("ddp", 2)
+    assert two.layout.micro_batch_size * two.layout.gradient_accumulation_steps == 4
     gib = 2**30
-    assert one["memory"]["budget_bytes_per_device"] == int(16 * gib * 0.9) - int(1.5 * gib)
-    assert two["memory"]["budget_bytes_per_device"] == int(16 * gib * 0.9) // 2 - int(1.5 * gib)
-    assert "(1 threads" in two["time"]["throughput_source"] and "(2 threads" in one["time"]["throughput_source"]
-    assert two["resources"]["mem_mb"] > one["resources"]["mem_mb"], "two processes, each with its own overhead"
+    assert one.memory.budget_bytes_per_device == int(16 * gib * 0.9) - int(1.5 * gib)
+    assert two.memory.budget_bytes_per_device == int(16 * gib * 0.9) // 2 - int(1.5 * gib)
+    assert "(1 threads" in two.time.throughput_source and "(2 threads" in one.time.throughput_source
+    assert two.resources.mem_mb > one.resources.mem_mb, "two processes, each with its own overhead"
+
+
+def test_a_plan_is_validated_when_written_and_read(tmp_path):
+    from conftest import SAMPLE_PLAN, sample_plan
+    from xtrain.artifacts import write_json
+    from xtrain.plan import read_plan, write_plan
+
+    write_plan(tmp_path / "plan.json", sample_plan())
+    assert read_plan(tmp_path / "plan.json") == sample_plan()
+    write_json(tmp_path / "old.json", {**SAMPLE_PLAN, "layout": {"micro_batch_size": 8}})
+    with pytest.raises(XtrainError, match=r"old.json: not a plan .*layout.strategy: Field required.*rerun the plan"):
+        read_plan(tmp_path / "old.json")

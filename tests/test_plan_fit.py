@@ -10,9 +10,8 @@ import pytest
 
 import xtrain.plan as plan_module
 import xtrain.plan.probe as probe
-from xtrain.artifacts import write_json
 from xtrain.errors import XtrainError
-from xtrain.plan import Planner, count_parameters, first_step, make_plan
+from xtrain.plan import Planner, count_parameters, first_step, make_plan, write_plan
 from xtrain.plan.memory import Step, traced
 from xtrain.recipe import Hardware, Train
 
@@ -67,14 +66,14 @@ def test_advises_the_longest_seq_len_that_fits(tiny):
     message = refusal(tiny, manifest(seq_len=512), train, hardware)
     assert "data.seq_len: 256" in message
     assert "train.method: lora" not in message  # it already is
-    assert make_plan(tiny, manifest(seq_len=256), train, hardware)["data"]["seq_len"] == 256
+    assert make_plan(tiny, manifest(seq_len=256), train, hardware).data.seq_len == 256
 
 
 def test_advises_lora_when_it_fits_where_full_does_not(weighty):
     hardware = gpu((need(weighty, "lora", 128) + need(weighty, "full", 128)) / 2)
     message = refusal(weighty, manifest(), Train(method="full", global_batch_size=1), hardware)
     assert "train.method: lora" in message
-    assert make_plan(weighty, manifest(), Train(method="lora", global_batch_size=1), hardware)["layout"]["strategy"] == "single"
+    assert make_plan(weighty, manifest(), Train(method="lora", global_batch_size=1), hardware).layout.strategy == "single"
 
 
 def test_advises_how_many_gpus_fsdp_needs_and_that_many_fit(weighty):
@@ -85,7 +84,7 @@ def test_advises_how_many_gpus_fsdp_needs_and_that_many_fit(weighty):
     devices = int(re.search(r"(\d+) GPUs in all, with FSDP", message).group(1))
     assert 2 <= devices <= 4
     plan = make_plan(weighty, manifest(), Train(method="full", global_batch_size=2 * devices), gpu(memory, devices))
-    assert plan["layout"]["strategy"] == "fsdp"
+    assert plan.layout.strategy == "fsdp"
     if devices > 2:  # the advice is the smallest count: one GPU fewer still does not fit
         refusal(weighty, manifest(), Train(method="full", global_batch_size=2 * (devices - 1)), gpu(memory, devices - 1))
 
@@ -99,10 +98,10 @@ def test_fsdp_only_when_a_replica_does_not_fit(weighty):
     replica = need(weighty, "full", 128, gpus=2, checkpointing=False)
     shard = need(weighty, "full", 128, gpus=2, strategy="fsdp", checkpointing=False)
     train = Train(method="full", global_batch_size=2)
-    assert make_plan(weighty, manifest(), train, gpu(replica * 1.01, 2))["layout"]["strategy"] == "ddp"
+    assert make_plan(weighty, manifest(), train, gpu(replica * 1.01, 2)).layout.strategy == "ddp"
     plan = make_plan(weighty, manifest(), train, gpu((replica + shard) / 2, 2))
-    assert plan["layout"]["strategy"] == "fsdp"
-    assert plan["gradient_checkpointing"] is False  # sharding is preferred to recomputation
+    assert plan.layout.strategy == "fsdp"
+    assert plan.gradient_checkpointing is False  # sharding is preferred to recomputation
 
 
 # --- estimators ------------------------------------------------------------------------------------------
@@ -143,10 +142,10 @@ def test_a_model_the_trace_cannot_run_falls_back_to_the_analytical_estimator(tin
 
     monkeypatch.setattr(plan_module, "traced", unsupported)
     plan = make_plan(tiny, manifest(), Train(), Hardware(accelerator="cuda", gpus=1))
-    assert plan["memory"]["estimator"] == "analytical"
-    assert "no fake kernel" in plan["memory"]["trace_error"]
-    assert plan["memory"]["peak_bytes_per_device"] == plan["memory"]["analytical_peak_bytes_per_device"]
-    assert plan["time"]["flops_source"] == "analytical"
+    assert plan.memory.estimator == "analytical"
+    assert "no fake kernel" in plan.memory.trace_error
+    assert plan.memory.peak_bytes_per_device == plan.memory.analytical_peak_bytes_per_device
+    assert plan.time.flops_source == "analytical"
 
 
 def test_traced_flops_are_six_n_per_token_for_a_full_fine_tune(weighty):
@@ -169,8 +168,8 @@ def test_a_rerun_reads_the_recorded_probe_and_writes_the_same_plan(tiny, tmp_pat
     monkeypatch.setattr(probe, "probe_cpu", lambda *args: next(measured))
     first = make_plan(tiny, manifest(), Train(), Hardware())
     again = make_plan(tiny, manifest(), Train(), Hardware())
-    assert json.dumps(first, sort_keys=True) == json.dumps(again, sort_keys=True)
-    assert first["time"]["cpu_probe"]["matmul_flops"] == 1.2e9, "the plan shows the figures it rests on, rounded"
+    assert first == again
+    assert first.time.cpu_probe.matmul_flops == 1.2e9, "the plan shows the figures it rests on, rounded"
     cached = json.loads((tmp_path / "xtrain/cpu-probe.json").read_text())
     assert all(float(f"{v:.1e}") == v for entry in cached.values() for v in entry.values())
 
@@ -183,9 +182,9 @@ def test_a_plan_does_not_change_with_the_load(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(probe, "probe_cpu", lambda *args: next(measured))
     loads = {"now": 3.0}
     monkeypatch.setattr(probe, "load_per_core", lambda: loads["now"])
-    write_json(tmp_path / "busy.json", make_plan(tiny, manifest(), Train(), Hardware()))
+    write_plan(tmp_path / "busy.json", make_plan(tiny, manifest(), Train(), Hardware()))
     loads["now"] = 0.1
-    write_json(tmp_path / "quiet.json", make_plan(tiny, manifest(), Train(), Hardware()))
+    write_plan(tmp_path / "quiet.json", make_plan(tiny, manifest(), Train(), Hardware()))
     assert (tmp_path / "busy.json").read_bytes() == (tmp_path / "quiet.json").read_bytes()
 
 

@@ -50,20 +50,20 @@ def test_lora_recipe_becomes_an_iteration_based_posttrain_experiment(tiny_model,
     overrides = module["overrides"]
     rows = read_json(prepared / "manifest.json")["splits"]["train"]["rows"]
     # epochs -> train_iters: ceil(rows / global batch) x epochs, the plan's step count.
-    assert overrides["train_iters"] == plan["time"]["steps"] == -(-rows // 16) * 2
-    layout = plan["layout"]
+    assert overrides["train_iters"] == plan.time.steps == -(-rows // 16) * 2
+    layout = plan.layout
     assert overrides["global_batch_size"] == 16
-    assert overrides["micro_batch_size"] == layout["micro_batch_size"]
+    assert overrides["micro_batch_size"] == layout.micro_batch_size
     # Megatron derives accumulation = global / (micro x data parallel); it must be the plan's.
     data_parallel = ROCM.gpus * ROCM.nodes
     assert overrides["global_batch_size"] // (overrides["micro_batch_size"] * data_parallel) == \
-        layout["gradient_accumulation_steps"]
+        layout.gradient_accumulation_steps
     assert overrides["seq_length"] == 128 and overrides["packed_sequence"] is False
     assert (overrides["peft"], overrides["peft_dim"], overrides["peft_alpha"]) == ("lora", 8, 16)
     assert overrides["peft_target_modules"] == ["linear_qkv", "linear_proj"]
     assert overrides["finetune_lr"] == 1e-4 and overrides["lr_decay_style"] == "cosine"
     assert overrides["lr_warmup_iters"] == -(-overrides["train_iters"] // 10)
-    assert overrides["precision_config"] == {"bf16": "bf16_mixed", "fp32": "fp32", "fp16": "fp16_mixed"}[plan["precision"]]
+    assert overrides["precision_config"] == {"bf16": "bf16_mixed", "fp32": "fp32", "fp16": "fp16_mixed"}[plan.precision]
     assert overrides["seed"] == 7
     assert (overrides["tensor_model_parallel_size"], overrides["pipeline_model_parallel_size"]) == (1, 1)
     assert preset["recipe"] == "llama.llama3" and preset["flavor"].endswith("_finetune_config")

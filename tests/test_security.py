@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from xtrain.artifacts import write_json
 from xtrain.data import prepare
 from xtrain.evaluate import evaluate
-from xtrain.plan import make_plan
+from xtrain.plan import make_plan, write_plan
 from xtrain.recipe import Data, DataSource, Eval, Hardware, Train, load_recipe, stage_params, trusts_remote_code
 from xtrain.train import run_training
 
@@ -93,7 +92,7 @@ def test_trusted_custom_code_runs_in_every_stage_warns_and_is_in_the_manifest(cu
     train, hardware = Train(method="lora", global_batch_size=4, max_steps=2), Hardware()
     manifest = prepare([Path(data.sources[0].path)], model, data, tmp_path / "prepared", trust_remote_code=True)
     plan = tmp_path / "plan.json"
-    write_json(plan, make_plan(model, manifest, train, hardware, trust_remote_code=True))
+    write_plan(plan, make_plan(model, manifest, train, hardware, trust_remote_code=True))
     checkpoint = tmp_path / "checkpoint"
     with caplog.at_level(logging.WARNING, logger="xtrain"):
         run_training(model_dir=model, prepared_dir=tmp_path / "prepared", plan_path=plan, train=train,

@@ -35,7 +35,7 @@ def test_demo_checkpoint_through_sbatch_asks_for_what_the_plan_says(cluster, tmp
               env={"XTRAIN_SLURM_PARTITION": "xtrain"})
     assert (root / "checkpoints/demo/adapter_model.safetensors").is_file()
 
-    plan = json.loads((root / "plans/demo/plan.json").read_text())["resources"]
+    plan = json.loads((root / "plans/demo/plan.json").read_text()).resources
     jobs = {job["Comment"].split("_wildcards")[0]: job for job in show_jobs() if job["Comment"].startswith("rule_")}
     assert {"rule_prepare", "rule_train"} <= set(jobs) and "rule_plan" not in jobs, "plan is a local rule"
     train = jobs["rule_train"]

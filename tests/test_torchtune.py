@@ -76,7 +76,7 @@ def tune_run(tiny_model, tmp_path_factory, torchtune_env, monkeypatch_module):
 
 @pytest.mark.slow
 def test_torchtune_trains_the_tiny_recipe_into_the_checkpoint_contract(tune_run, trl_reference, tiny_model):
-    assert json.loads(tune_run["plan"].read_text())["precision"] == "fp32"
+    assert json.loads(tune_run["plan"].read_text()).precision == "fp32"
     metrics = assert_checkpoint_contract(tune_run["checkpoint"], tiny_model, "torchtune")
     assert [entry["step"] for entry in metrics["loss"]] == list(range(1, STEPS + 1))
     assert metrics["tokens_seen"] > 0
@@ -122,9 +122,9 @@ def test_tune_validate_accepts_the_full_fine_tune_translation(tiny_model, trl_re
                   warmup_ratio=0.1, weight_decay=0.01)
     plan = read_json(trl_reference["plan"])
     rows = read_json(trl_reference["prepared"] / "manifest.json")["splits"]["train"]["rows"]
-    layout = plan["layout"]
+    layout = plan.layout
     steps_per_epoch = rows // layout["micro_batch_size"] // layout["gradient_accumulation_steps"]
-    plan["time"]["steps"] = 2 * steps_per_epoch  # what the plan gives for epochs: 2 when no row is left over
+    plan.time.steps = 2 * steps_per_epoch  # what the plan gives for epochs: 2 when no row is left over
     job = TrainJob(tiny_model, trl_reference["prepared"], plan, train, Hardware(), tmp_path / "out", tmp_path, None)
     config = torchtune_backend.torchtune_config(job, rows, packed=False)
     assert config["model"]["_component_"].endswith("llama3_2") and "lora_rank" not in config["model"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from checkpoint_contract import assert_checkpoint_contract
-from conftest import build_run
+from conftest import build_run, sample_plan
 
 from xtrain import backends
 from xtrain.backends.trl import cpu_placement
@@ -55,9 +55,9 @@ def test_several_nodes_need_a_slurm_allocation_of_that_many_nodes():
 
 def test_a_plan_the_cpu_cannot_run_is_refused_before_launch():
     with pytest.raises(XtrainError, match="CPU processes train as DDP only"):
-        cpu_placement({"precision": "fp32", "layout": {"strategy": "fsdp"}})
+        cpu_placement(sample_plan(precision="fp32", layout={"strategy": "fsdp"}))
     with pytest.raises(XtrainError, match="plan precision 'fp16' cannot run on the CPU"):
-        cpu_placement({"precision": "fp16", "layout": {"strategy": "single"}})
+        cpu_placement(sample_plan(precision="fp16", layout={"strategy": "single"}))
 
 
 def test_a_gpu_recipe_on_a_machine_without_one_says_so():
@@ -116,7 +116,7 @@ def test_one_process_on_the_cpu_meets_the_contract_and_starts_at_trl_cpus_loss(o
                                                                                 tiny_model):
     metrics = assert_checkpoint_contract(one_process_run["checkpoint"], tiny_model, "trl_local")
     assert metrics["steps"] == 5
-    plan = json.loads(one_process_run["plan"].read_text())["layout"]
+    plan = json.loads(one_process_run["plan"].read_text()).layout
     assert (plan["strategy"], plan["micro_batch_size"], plan["gradient_accumulation_steps"]) == ("single", 3, 2)
     # The same trainer on the same rows: the whole curve agrees, the brief's 2% on the first step a fortiori.
     assert losses(one_process_run["checkpoint"])[0] == pytest.approx(losses(trl_cpu_run["checkpoint"])[0], rel=0.02)
@@ -127,7 +127,7 @@ def test_one_process_on_the_cpu_meets_the_contract_and_starts_at_trl_cpus_loss(o
 def test_two_processes_give_the_one_process_loss_curve(one_process_run, tiny_model, tmp_path, caplog):
     caplog.set_level("INFO", logger="xtrain.launch")
     two = build_run(tmp_path, tiny_model, recipe_train("trl_local"), Hardware(processes=2))
-    plan = json.loads(two["plan"].read_text())["layout"]
+    plan = json.loads(two["plan"].read_text()).layout
     assert (plan["strategy"], plan["devices"], plan["micro_batch_size"], plan["gradient_accumulation_steps"]) == (
         "ddp", 2, 3, 1)
     launched = [r.getMessage() for r in caplog.records]

@@ -2,7 +2,8 @@
 capability table from their declared capabilities.
 
 `python -m xtrain.docs` writes `config/recipe.schema.json` (for editors and validators), `docs/recipe.md`
-(the field table) and the capability table in `docs/backends.md`; a test fails when one is out of date.
+(the field table), the capability table in `docs/backends.md` and the field table in `docs/plan.md` (from the
+typed plan); a test fails when one is out of date.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ REFERENCE_PATH = ROOT / "docs" / "recipe.md"
 BACKENDS_PATH = ROOT / "docs" / "backends.md"
 CAPABILITIES = ("<!-- capability table: generated from each backend's `capabilities` by `make docs` -->",
                 "<!-- end of the capability table -->")
+PLAN_PATH = ROOT / "docs" / "plan.md"
+PLAN_FIELDS = ("<!-- plan fields: generated from src/xtrain/plan/schema.py by `make docs` -->",
+               "<!-- end of the plan fields -->")
 
 
 def _type_name(annotation) -> str:
@@ -70,15 +74,27 @@ def schema_text() -> str:
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
+def spliced(path: Path, markers: tuple[str, str], lines: list[str]) -> str:
+    """`path`'s text with the generated `lines` between its two marker lines (the rest is written by hand)."""
+    start, end = markers
+    head, rest = path.read_text().split(start, 1)
+    return "\n".join([head + start, *lines, end]) + rest.split(end, 1)[1]
+
+
 def backends_page() -> str:
-    """docs/backends.md with its capability table regenerated (the rest of the page is written by hand)."""
+    """docs/backends.md with its capability table regenerated."""
     from .backends import REGISTRY
     from .backends.base import capability_rows
 
-    start, end = CAPABILITIES
-    head, rest = BACKENDS_PATH.read_text().split(start, 1)
-    tail = rest.split(end, 1)[1]
-    return "\n".join([head + start, *capability_rows(REGISTRY), end]) + tail
+    return spliced(BACKENDS_PATH, CAPABILITIES, capability_rows(REGISTRY))
+
+
+def plan_page() -> str:
+    """docs/plan.md with its field table regenerated from the typed plan."""
+    from .plan.schema import Plan
+
+    return spliced(PLAN_PATH, PLAN_FIELDS, ["| field | type | default | meaning |", "| --- | --- | --- | --- |",
+                                            *_rows(Plan, "")])
 
 
 def main() -> None:
@@ -86,8 +102,9 @@ def main() -> None:
     REFERENCE_PATH.parent.mkdir(exist_ok=True)
     REFERENCE_PATH.write_text(reference())
     BACKENDS_PATH.write_text(backends_page())
-    print(f"wrote {SCHEMA_PATH.relative_to(ROOT)}, {REFERENCE_PATH.relative_to(ROOT)} and "
-          f"{BACKENDS_PATH.relative_to(ROOT)}")
+    PLAN_PATH.write_text(plan_page())
+    print(f"wrote {SCHEMA_PATH.relative_to(ROOT)}, {REFERENCE_PATH.relative_to(ROOT)}, "
+          f"{BACKENDS_PATH.relative_to(ROOT)} and {PLAN_PATH.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import yaml
 
 from . import gate
 from .artifacts import read_json
+from .plan.schema import Plan, read_plan
 from .recipe import EVAL_METRICS, Gate
 
 BASE_COLOUR, TUNED_COLOUR = "#8c8c8c", "#1f77b4"
@@ -152,23 +153,23 @@ def _mib(value: float | None) -> float | None:
     return None if value is None else round(value / 2**20, 1)
 
 
-def plan_rows(plan: dict[str, Any], train_metrics: dict[str, Any]) -> list[list[Any]]:
+def plan_rows(plan: Plan, train_metrics: dict[str, Any]) -> list[list[Any]]:
     """What the plan predicted next to what the training run measured."""
-    time, memory = plan["time"], plan["memory"]
+    time, memory = plan.time, plan.memory
     measured_seconds = train_metrics.get("trainer_runtime_seconds") or train_metrics["wall_seconds"]
-    predicted_rate = time["tokens_per_step"] / time["seconds_per_step"] if time["seconds_per_step"] else None
+    predicted_rate = time.tokens_per_step / time.seconds_per_step if time.seconds_per_step else None
 
     def ratio(measured, predicted):
         return f"{measured / predicted:.2f}×" if measured and predicted else "—"
 
-    rss, host_request = train_metrics.get("peak_host_memory_bytes"), plan["resources"]["mem_mb"] * 2**20
+    rss, host_request = train_metrics.get("peak_host_memory_bytes"), plan.resources.mem_mb * 2**20
     return [
-        ["optimizer steps", time["steps"], train_metrics["steps"], ratio(train_metrics["steps"], time["steps"])],
-        ["training time (s)", time["seconds"], measured_seconds, ratio(measured_seconds, time["seconds"])],
+        ["optimizer steps", time.steps, train_metrics["steps"], ratio(train_metrics["steps"], time.steps)],
+        ["training time (s)", time.seconds, measured_seconds, ratio(measured_seconds, time.seconds)],
         ["tokens / s", round(predicted_rate, 1) if predicted_rate else None, train_metrics.get("tokens_per_second"),
          ratio(train_metrics.get("tokens_per_second"), predicted_rate)],
-        [f"peak training-step memory per {html.escape(memory['device'])} device (MiB)",
-         _mib(memory["peak_bytes_per_device"]), "—", "not measured separately"],
+        [f"peak training-step memory per {html.escape(memory.device)} device (MiB)",
+         _mib(memory.peak_bytes_per_device), "—", "not measured separately"],
         ["host memory (MiB): requested vs peak RSS of the training process", _mib(host_request), _mib(rss),
          ratio(rss, host_request)],
     ]
@@ -255,7 +256,7 @@ def write_report(name: str, recipe: dict[str, Any], plan_path: Path, checkpoint_
                  metrics_path: Path, generations_path: Path, out: Path, plot_paths: dict[str, Path]) -> None:
     """report.html for one recipe, and its plots as SVG files (`plot_paths`, keyed by PLOTS)."""
     metrics, records = read_json(metrics_path), read_json(generations_path)
-    plan, train_metrics = read_json(plan_path), read_json(checkpoint_dir / "train_metrics.json")
+    plan, train_metrics = read_plan(plan_path), read_json(checkpoint_dir / "train_metrics.json")
     manifest = read_json(prepared_dir / "manifest.json")
     plots = {"metrics": metrics_plot(metrics), "training": training_plot(train_metrics),
              "lengths": lengths_plot(manifest)}
@@ -277,10 +278,10 @@ def write_report(name: str, recipe: dict[str, Any], plan_path: Path, checkpoint_
 <h2>Training</h2>
 {_img(plots["training"], "training loss and learning rate")}
 <h2>Plan: predicted vs measured</h2>
-<p>Precision {html.escape(str(plan['precision']))}, micro-batch {plan['layout']['micro_batch_size']} ×
-accumulation {plan['layout']['gradient_accumulation_steps']} × {plan['layout']['devices']} device(s),
-gradient checkpointing {'on' if plan['gradient_checkpointing'] else 'off'}, memory estimator
-{html.escape(plan['memory']['estimator'])}.</p>
+<p>Precision {html.escape(str(plan.precision))}, micro-batch {plan.layout.micro_batch_size} ×
+accumulation {plan.layout.gradient_accumulation_steps} × {plan.layout.devices} device(s),
+gradient checkpointing {'on' if plan.gradient_checkpointing else 'off'}, memory estimator
+{html.escape(plan.memory.estimator)}.</p>
 {_table(["", "predicted", "measured", "measured / predicted"], plan_rows(plan, train_metrics))}
 <h2>Data</h2>
 {_table(["split", "examples", "tokens", "supervised tokens"], [[s, manifest["splits"][s]["examples"], manifest["splits"][s]["tokens"], manifest["splits"][s]["supervised_tokens"]] for s in ("train", "eval")])}

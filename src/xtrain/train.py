@@ -22,6 +22,7 @@ from .artifacts import atomic_dir, read_json, write_json
 from .backends import TrainJob, TrainResult
 from .backends.guards import last_complete_checkpoint
 from .data.pipeline import CHAT_TEMPLATE_FILE
+from .plan.schema import read_plan
 from .recipe import Hardware, Train, content_hash
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def run_training(
     backend = backends.check(train.backend, train, hardware, packed=train_split_is_packed(prepared_dir))
     if trust_remote_code:
         log.warning("model.trust_remote_code is set: the Python code in %s runs in this process", model_dir)
-    plan = read_json(plan_path)
+    plan = read_plan(plan_path)
     data_fingerprint = read_json(prepared_dir / "manifest.json")["fingerprint"]
     recipe_hash = content_hash({"train": train.model_dump(mode="json"), "hardware": hardware.model_dump(mode="json")})
     plan_hash = hashlib.sha256(plan_path.read_bytes()).hexdigest()

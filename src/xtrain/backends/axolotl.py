@@ -55,16 +55,16 @@ def cpu_precision(plan: dict[str, Any]) -> None:
     """Axolotl trains in fp32 on the CPU: transformers accepts bf16 autocast there only with `use_cpu`, a training
     argument Axolotl 0.19 does not expose ("Your setup doesn't support bf16/gpu"). A plan that chose bf16 (it
     is faster on CPUs with native bf16) runs in fp32 instead, said in the log."""
-    if plan["precision"] not in ("fp32", "bf16"):
-        raise XtrainError(f"plan precision {plan['precision']!r} cannot run on the CPU; re-run the plan")
-    if plan["precision"] == "bf16":
+    if plan.precision not in ("fp32", "bf16"):
+        raise XtrainError(f"plan precision {plan.precision!r} cannot run on the CPU; re-run the plan")
+    if plan.precision == "bf16":
         log.warning("axolotl: the plan's bf16 autocast -> fp32 (Axolotl cannot autocast on the CPU); "
                     "the step is slower than the plan predicts and keeps fp32 activations")
 
 
 def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
     """Axolotl's YAML for the recipe's train section and the plan (every Train field is used here)."""
-    train, plan, layout = job.train, job.plan, job.plan["layout"]
+    train, plan, layout = job.train, job.plan, job.plan.layout
     config: dict[str, Any] = {
         "base_model": str(job.model_dir.resolve()),
         "trust_remote_code": job.trust_remote_code,
@@ -72,7 +72,7 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         "datasets": [{"path": str(dataset.resolve()), "ds_type": "parquet", "split": "train"}],
         "dataset_prepared_path": str((job.work_dir / "axolotl_prepared").resolve()),
         "val_set_size": 0.0,
-        "sequence_len": plan["data"]["seq_len"],
+        "sequence_len": plan.data.seq_len,
         "sample_packing": False,
         "pad_to_sequence_len": False,
         # The sampler trl_cpu uses for unpacked rows: batches of similar length, shuffled by the seed. Axolotl would
@@ -80,8 +80,8 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         # batches as trl_cpu.
         "group_by_length": True,
         "shuffle_merged_datasets": False,
-        "micro_batch_size": layout["micro_batch_size"],
-        "gradient_accumulation_steps": layout["gradient_accumulation_steps"],
+        "micro_batch_size": layout.micro_batch_size,
+        "gradient_accumulation_steps": layout.gradient_accumulation_steps,
         "num_epochs": train.epochs,
         "max_steps": train.max_steps,
         "learning_rate": train.learning_rate,
@@ -94,7 +94,7 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         "bf16": False,  # on the CPU: see cpu_precision
         "fp16": False,
         "tf32": False,
-        "gradient_checkpointing": plan["gradient_checkpointing"],
+        "gradient_checkpointing": plan.gradient_checkpointing,
         "output_dir": str(job.work_dir.resolve()),
         "logging_steps": train.logging_steps,
         # -> transformers' include_num_input_tokens_seen=True: token slots seen, padding included.

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ..errors import XtrainError
+from ..plan.schema import Plan
 from ..recipe import Hardware, Train
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ Status = Literal["trains", "translate-only"]
 class TrainJob:
     model_dir: Path
     prepared_dir: Path
-    plan: dict[str, Any]
+    plan: Plan
     train: Train
     hardware: Hardware
     out: Path  # staging folder that becomes checkpoints/<recipe>/
@@ -41,7 +42,7 @@ class TrainJob:
     def to_json(self) -> dict[str, Any]:
         """The job as plain JSON, for a backend's worker processes (another interpreter, or torchrun ranks)."""
         return {
-            "model_dir": str(self.model_dir), "prepared_dir": str(self.prepared_dir), "plan": self.plan,
+            "model_dir": str(self.model_dir), "prepared_dir": str(self.prepared_dir), "plan": self.plan.to_json(),
             "train": self.train.model_dump(mode="json"), "hardware": self.hardware.model_dump(mode="json"),
             "out": str(self.out), "work_dir": str(self.work_dir), "resume_from": self.resume_from,
             "trust_remote_code": self.trust_remote_code,
@@ -50,7 +51,8 @@ class TrainJob:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainJob:
         return cls(
-            Path(data["model_dir"]), Path(data["prepared_dir"]), data["plan"], Train.model_validate(data["train"]),
+            Path(data["model_dir"]), Path(data["prepared_dir"]), Plan.model_validate(data["plan"]),
+            Train.model_validate(data["train"]),
             Hardware.model_validate(data["hardware"]), Path(data["out"]), Path(data["work_dir"]),
             data["resume_from"], data["trust_remote_code"],
         )
@@ -167,9 +169,9 @@ def grouped_lora_targets(backend: str, targets: list[str], groups: Mapping[str, 
 def save_steps(job: TrainJob) -> int:
     """For a backend that saves every N steps only (no time-based save): train.checkpoint_minutes becomes the step
     count the plan predicts for that many minutes, unless a quarter of the run (trl_cpu's cadence) comes sooner."""
-    steps = job.plan["time"]["steps"]
+    steps = job.plan.time.steps
     quarter = max(1, steps // 4)
-    per_step = job.plan["time"]["seconds_per_step"]
+    per_step = job.plan.time.seconds_per_step
     in_minutes = max(1, math.floor(job.train.checkpoint_minutes * 60 / per_step)) if per_step > 0 else quarter
     chosen = min(quarter, in_minutes)
     log.info("%s: train.checkpoint_minutes %s -> a save every %s steps (plan: %.2f s/step, %s steps)",

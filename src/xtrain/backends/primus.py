@@ -53,21 +53,21 @@ DECAY_STYLE = {"linear": "linear", "cosine": "cosine", "constant": "constant", "
 def experiment(job: TrainJob, name: str, packed: bool, model_preset: Path) -> dict[str, Any]:
     """The Primus experiment YAML (as data) for this job."""
     train, plan = job.train, job.plan
-    layout = plan["layout"]
-    steps = plan["time"]["steps"]
+    layout = plan.layout
+    steps = plan.time.steps
     overrides: dict[str, Any] = {
         # Pure data parallelism, as the plan lays it out (it never plans tensor or pipeline parallelism).
         "tensor_model_parallel_size": 1,
         "pipeline_model_parallel_size": 1,
         "context_parallel_size": 1,
         "sequence_parallel": False,
-        "use_megatron_fsdp": layout["strategy"] == "fsdp",
+        "use_megatron_fsdp": layout.strategy == "fsdp",
         # Iteration-based: epochs become train_iters; Megatron derives accumulation as
         # global_batch_size / (micro_batch_size x data-parallel size).
         "train_iters": steps,
-        "global_batch_size": layout["global_batch_size"],
-        "micro_batch_size": layout["micro_batch_size"],
-        "seq_length": plan["data"]["seq_len"],
+        "global_batch_size": layout.global_batch_size,
+        "micro_batch_size": layout.micro_batch_size,
+        "seq_length": plan.data.seq_len,
         "packed_sequence": packed,
         "eval_interval": steps,
         "save_interval": save_steps(job),
@@ -79,8 +79,8 @@ def experiment(job: TrainJob, name: str, packed: bool, model_preset: Path) -> di
         "weight_decay": train.weight_decay,
         "clip_grad": train.max_grad_norm,
         "seed": train.seed,
-        "precision_config": PRECISION[plan["precision"]],
-        "recompute_granularity": "full" if plan["gradient_checkpointing"] else None,
+        "precision_config": PRECISION[plan.precision],
+        "recompute_granularity": "full" if plan.gradient_checkpointing else None,
         "log_interval": train.logging_steps,
         "peft": "lora" if train.method == "lora" else "none",
     }
@@ -216,7 +216,7 @@ class Primus:
         return {
             "config": experiment(job, job.out.name, train_split_is_packed(job.prepared_dir), preset.resolve()),
             "config_file": config,
-            "preset": model_preset(job.model_dir, dataset_dir, job.plan["data"]["seq_len"], job.train.seed),
+            "preset": model_preset(job.model_dir, dataset_dir, job.plan.data.seq_len, job.train.seed),
             "preset_file": preset,
             "dataset_dir": dataset_dir,
             "argv": launch_command(config, job.hardware, launch_mode(job.hardware)),

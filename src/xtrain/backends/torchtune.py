@@ -111,8 +111,8 @@ def epochs_and_cap(total_steps: int, steps_per_epoch: int) -> tuple[int, int | N
 def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, Any]:
     """The torchtune config for this job (device settings go on the command line: see `launch_command`)."""
     train, plan = job.train, job.plan
-    layout = plan["layout"]
-    micro, accumulation = layout["micro_batch_size"], layout["gradient_accumulation_steps"]
+    layout = plan.layout
+    micro, accumulation = layout.micro_batch_size, layout.gradient_accumulation_steps
     # torchtune's loader drops the last partial batch, and an epoch ends after whole optimizer steps.
     steps_per_epoch = (train_rows // micro) // accumulation
     if steps_per_epoch < 1:
@@ -120,7 +120,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
             f"{train_rows} train rows make no full optimizer step of {micro} x {accumulation} rows; lower "
             "train.global_batch_size"
         )
-    epochs, cap = epochs_and_cap(plan["time"]["steps"], steps_per_epoch)
+    epochs, cap = epochs_and_cap(plan.time.steps, steps_per_epoch)
     out = job.work_dir / "torchtune"
     weights = sorted(path.name for path in job.model_dir.glob("*.safetensors"))
     if not weights:
@@ -144,7 +144,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
             "path": str(split_file(job.prepared_dir)),
             "packed": packed,
             "seed": train.seed,
-            "seq_len": plan["data"]["seq_len"],
+            "seq_len": plan.data.seq_len,
         },
         "seed": train.seed,
         "shuffle": True,
@@ -164,7 +164,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
         "max_steps_per_epoch": cap,
         "gradient_accumulation_steps": accumulation,
         "clip_grad_norm": train.max_grad_norm,
-        "enable_activation_checkpointing": plan["gradient_checkpointing"],
+        "enable_activation_checkpointing": plan.gradient_checkpointing,
         "enable_activation_offloading": False,
         "metric_logger": {"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
         # Every step is logged; `log_history` averages them over train.logging_steps as the trl backends do.
@@ -320,8 +320,8 @@ class Torchtune:
         """torchtune's config, `tune run` and its environment; `train_rows`: the prepared train rows' lengths."""
         import pyarrow.parquet as pq
 
-        if job.plan["precision"] not in DTYPE:
-            raise XtrainError(f"plan precision {job.plan['precision']!r} is not supported by torchtune; re-run the plan")
+        if job.plan.precision not in DTYPE:
+            raise XtrainError(f"plan precision {job.plan.precision!r} is not supported by torchtune; re-run the plan")
         lengths = [len(ids) for ids in pq.read_table(split_file(job.prepared_dir), columns=[INPUT_IDS])
                    .column(INPUT_IDS).to_pylist()]
         config = torchtune_config(job, len(lengths), train_split_is_packed(job.prepared_dir))
@@ -332,7 +332,7 @@ class Torchtune:
         return {
             "config": config, "config_file": config_file, "train_rows": lengths,
             "validate": [python, "-m", "torchtune._cli.tune", "validate", str(config_file)],
-            "argv": launch_command(python, recipe, config_file, device, DTYPE[job.plan["precision"]]),
+            "argv": launch_command(python, recipe, config_file, device, DTYPE[job.plan.precision]),
             "env": {"PYTHONPATH": BACKEND_SIDE_PATH},
             # torchtune logs every step; `log_history` averages them over train.logging_steps as the trl backends do.
             "logging_steps": job.train.logging_steps,
@@ -342,7 +342,7 @@ class Torchtune:
         from xtrain_backend_side.torchtune_components import rows_trained
 
         backend_python("torchtune", "torchtune")  # its environment is built
-        if job.plan["precision"] == "bf16":
+        if job.plan.precision == "bf16":
             log.info("plan precision bf16 -> torchtune dtype=bf16: torchtune holds weights and activations in "
                      "bf16 (it has no fp32-weights autocast mode)")
         if job.train.method == "full" and job.train.weight_decay:
@@ -377,7 +377,7 @@ class Torchtune:
         if job.train.method == "lora":
             error = adapter_error(epoch_dir, job.model_dir, job.out)
             log.info("exported adapter vs torchtune's merged weights: largest relative difference %.2e", error)
-            if error > adapter_tolerance(job.plan["precision"]):
+            if error > adapter_tolerance(job.plan.precision):
                 raise XtrainError(
                     f"the PEFT adapter exported from {epoch_dir} does not reproduce the weights torchtune trained "
                     f"(relative difference {error:.2e}); its adapter export does not fit this model"

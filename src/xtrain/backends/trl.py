@@ -65,17 +65,17 @@ def callbacks(save_every_seconds: float) -> list:
 
 def cpu_placement(plan: dict) -> Placement:
     """The CPU settings: fp32, or bf16 autocast (weights stay fp32) when the plan chose it; processes as DDP."""
-    if plan["precision"] not in ("fp32", "bf16"):
+    if plan.precision not in ("fp32", "bf16"):
         raise XtrainError(
-            f"plan precision {plan['precision']!r} cannot run on the CPU (fp32 or bf16 autocast only); re-run the plan "
+            f"plan precision {plan.precision!r} cannot run on the CPU (fp32 or bf16 autocast only); re-run the plan "
             "for hardware.accelerator: cpu"
         )
-    if plan["layout"]["strategy"] == "fsdp":
+    if plan.layout.strategy == "fsdp":
         raise XtrainError(
             "the plan's layout is fsdp, but CPU processes train as DDP only (accelerate ignores FSDP there): "
             "re-run the plan for hardware.accelerator: cpu"
         )
-    return Placement("cpu", plan["precision"])
+    return Placement("cpu", plan.precision)
 
 
 def trainer_class():
@@ -102,7 +102,7 @@ def fsdp_settings(job: TrainJob) -> dict:
     """FSDP (weights, gradients and optimizer states sharded, one decoder block per unit) when the plan's layout
     is `fsdp`; nothing for `single` and `ddp` (the trainer replicates under torchrun by itself)."""
     plan = job.plan
-    if plan["layout"]["strategy"] != "fsdp":
+    if plan.layout.strategy != "fsdp":
         return {}
     return {
         "fsdp": "full_shard auto_wrap",
@@ -111,7 +111,7 @@ def fsdp_settings(job: TrainJob) -> dict:
             "transformer_layer_cls_to_wrap": decoder_blocks(job),
             # The checkpoint contract wants one HF-loadable file, not per-rank shards.
             "state_dict_type": "FULL_STATE_DICT",
-            "activation_checkpointing": plan["gradient_checkpointing"],
+            "activation_checkpointing": plan.gradient_checkpointing,
         },
     }
 
@@ -146,17 +146,17 @@ def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool 
     plan: the one recipe -> trainer mapping of every TRL-based backend (trl_cpu, trl_local, and unsloth, whose
     runner translates the names its older transformers spells differently)."""
     train, plan = job.train, job.plan
-    layout = plan["layout"]
+    layout = plan.layout
     on_cpu = placement.device == "cpu"
     return dict(
         output_dir=str(job.work_dir),
         use_cpu=on_cpu,
         bf16=placement.precision == "bf16",  # autocast; trainable weights stay fp32
         fp16=placement.precision == "fp16",
-        per_device_train_batch_size=layout["micro_batch_size"],
-        gradient_accumulation_steps=layout["gradient_accumulation_steps"],
+        per_device_train_batch_size=layout.micro_batch_size,
+        gradient_accumulation_steps=layout.gradient_accumulation_steps,
         # FSDP checkpoints its own wrapped blocks (fsdp_config); the trainer's would wrap them twice.
-        activation_checkpointing=plan["gradient_checkpointing"] and not fsdp,
+        activation_checkpointing=plan.gradient_checkpointing and not fsdp,
         num_train_epochs=train.epochs,
         max_steps=train.max_steps or -1,
         learning_rate=train.learning_rate,
@@ -168,14 +168,14 @@ def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool 
         seed=train.seed,
         data_seed=train.seed,
         # Packed rows already fit seq_len, and TRL refuses max_length with padding-free batches.
-        max_length=None if packed else plan["data"]["seq_len"],
+        max_length=None if packed else plan.data.seq_len,
         packing=False,
         padding_free=packed,
         train_sampling_strategy="random" if packed else "group_by_length",
         logging_steps=train.logging_steps,
         logging_first_step=True,
         save_strategy="steps",
-        save_steps=max(1, plan["time"]["steps"] // 4),  # and every checkpoint_minutes, in callbacks()
+        save_steps=max(1, plan.time.steps // 4),  # and every checkpoint_minutes, in callbacks()
         save_total_limit=2,
         include_num_input_tokens_seen="non_padding",
         report_to=[],
@@ -202,7 +202,7 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code)
     # LoRA on a GPU holds the frozen base in 16 bits (plan weights_dtype), in the dtype autocast really uses;
     # the CPU and full fine-tunes keep fp32 (master) weights.
-    sixteen_bit_base = not on_cpu and train.method == "lora" and plan["weights_dtype"] != "fp32"
+    sixteen_bit_base = not on_cpu and train.method == "lora" and plan.weights_dtype != "fp32"
     dtype = getattr(torch, TORCH_DTYPES[placement.precision if sixteen_bit_base else "fp32"])
     model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, trust_remote_code=job.trust_remote_code)
     # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.

@@ -69,7 +69,7 @@ def gpu_placement(plan: dict, device: Device) -> Placement:
     """The plan's autocast dtype on this GPU; bf16 becomes fp16 (logged) on a GPU without bf16."""
     import torch
 
-    precision = plan["precision"]
+    precision = plan.precision
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         log.warning("plan precision bf16 mapped to fp16: %s has no bf16", torch.cuda.get_device_name())
         precision = "fp16"
@@ -160,7 +160,7 @@ class TrlLocal:
         time), and the torchrun launch: one worker per device of a node, under srun on several nodes."""
         hardware = job.hardware
         where = (cpu_placement(job.plan) if hardware.accelerator == "cpu"
-                 else Placement(hardware.accelerator, job.plan["precision"]))
+                 else Placement(hardware.accelerator, job.plan.precision))
         env = {"SLURM_JOB_ID": "$SLURM_JOB_ID", "SLURM_JOB_NUM_NODES": str(hardware.nodes),
                "SLURM_JOB_NODELIST": "$SLURM_JOB_NODELIST"} if hardware.nodes > 1 else {}
         argv = (None if hardware.devices == 1 and hardware.accelerator == "cpu" else

@@ -22,9 +22,10 @@ from ..gpus import GPUS
 from ..recipe import Hardware, Train
 from .memory import BYTES, Step, analytical, traced
 from .model import count_parameters
+from .schema import Plan, read_plan, write_plan
 from .speed import cpu_count, cpu_supports_bf16, device_rates, flops_per_token
 
-__all__ = ["count_parameters", "make_plan"]
+__all__ = ["Plan", "count_parameters", "make_plan", "read_plan", "write_plan"]
 log = logging.getLogger(__name__)
 
 GIB = 2**30
@@ -109,7 +110,7 @@ class Planner:
 
 def make_plan(
     model_dir: Path, manifest: dict, train: Train, hardware: Hardware, trust_remote_code: bool = False
-) -> dict[str, Any]:
+) -> Plan:
     params = count_parameters(model_dir, train, trust_remote_code)
     planner = Planner(model_dir, train, hardware, params, trust_remote_code=trust_remote_code)
     data = manifest["splits"]["train"]
@@ -133,7 +134,7 @@ def make_plan(
     breakdown = planner.breakdown(step, layout["strategy"])
     peak = sum(breakdown.values())
     seconds = steps * step_seconds
-    return {
+    return Plan.model_validate({
         "model": params,
         "data": {
             "train_rows": data["rows"],
@@ -173,7 +174,7 @@ def make_plan(
             "seconds": round(seconds, 1),
         },
         "resources": resources(planner, peak, seconds),
-    }
+    })
 
 
 def device_precisions(hardware: Hardware) -> list[str]:

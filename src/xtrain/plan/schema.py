@@ -1,0 +1,159 @@
+"""plan.json as a typed model: what the plan stage writes and every later stage reads.
+
+`make_plan` returns a `Plan`; `write_plan` and `read_plan` validate it on the way to and from disk, so a plan
+written by another version of xtrain, or edited by hand into something inconsistent, is an error naming the
+file and the field rather than a KeyError inside a backend. docs/plan.md's field table is generated from the
+descriptions here (`python -m xtrain.docs`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..artifacts import read_json, write_json
+from ..errors import XtrainError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelShape(Section):
+    """The model, counted on the meta device (no weights are read)."""
+
+    total: int = Field(description="parameters")
+    trainable: int = Field(description="parameters that train (the LoRA adapters, or all of them)")
+    largest_layer: int = Field(description="parameters of the largest decoder block (FSDP's unit)")
+    layers: int = Field(description="decoder blocks")
+    hidden_size: int = Field(description="model width")
+    intermediate_size: int = Field(description="MLP width")
+    vocab_size: int = Field(description="vocabulary entries")
+
+
+class DataShape(Section):
+    """The prepared train split (from its manifest)."""
+
+    train_rows: int = Field(description="rows (sequences) of the train split")
+    train_tokens: int = Field(description="their tokens")
+    supervised_tokens: int = Field(description="tokens the loss is computed on")
+    seq_len: int = Field(description="`data.seq_len`")
+    longest_sequence_tokens: int = Field(description="the longest row: batches are padded to it, so it sets the peak")
+    mean_sequence_tokens: float = Field(description="mean row length: it sets the time")
+    fingerprint: str = Field(description="the prepared data's fingerprint (manifest.json)")
+
+
+class Layout(Section):
+    """How the global batch is laid out over devices and steps."""
+
+    strategy: Literal["single", "ddp", "fsdp"] = Field(
+        description="one device; DDP replicas; or FSDP shards (weights, gradients, optimizer states), chosen only "
+        "when a replica does not fit"
+    )
+    devices: int = Field(description="data-parallel workers: GPUs, or CPU processes, over all nodes")
+    nodes: int = Field(description="`hardware.nodes`")
+    global_batch_size: int = Field(description="`train.global_batch_size`")
+    micro_batch_size: int = Field(description="sequences per device per forward pass: the largest that fits")
+    gradient_accumulation_steps: int = Field(description="global batch / (micro-batch × devices)")
+
+
+class Memory(Section):
+    """Predicted memory of one device at the step's peak."""
+
+    estimator: Literal["traced", "analytical"] = Field(
+        description="`traced` (one training step on fake tensors), or `analytical` when the trace failed"
+    )
+    trace_error: str | None = Field(None, description="why the trace failed (only with `analytical`)")
+    device: str = Field(description="the GPU model planned for, or `cpu`")
+    peak_bytes_per_device: int = Field(description="the tensors' peak")
+    reserved_bytes_per_device: int = Field(
+        description="what the device must hold for it: on GPUs the peak × 1.1 (caching allocator) + 0.75 GiB context"
+    )
+    budget_bytes_per_device: int = Field(
+        description="what one device offers (GPU memory; or host RAM × 0.9 / processes − 1.5 GiB)"
+    )
+    breakdown_bytes: dict[str, int] = Field(
+        description="the peak by kind, at the moment of the peak: `weights` (and buffers), `gradients`, `optimizer` "
+        "(AdamW states), `activations` (saved for backward, logits included), `workspace` (temporaries of backward)"
+    )
+    analytical_peak_bytes_per_device: int = Field(description="the analytical estimator's peak: the cross-check")
+
+
+class CpuProbe(Section):
+    """The recorded CPU probe a CPU plan's rates rest on (`xtrain.plan.probe`)."""
+
+    matmul_flops: float = Field(description="matmul FLOP/s at the model's width, in the step's precision")
+    op_seconds: float = Field(description="seconds per small autograd op")
+    load_per_core: float | None = Field(None, description="load average per core while it was measured")
+
+
+class Time(Section):
+    """Predicted time."""
+
+    steps: int = Field(description="optimizer steps: `max_steps`, or ⌈rows / global batch⌉ × epochs")
+    tokens_per_step: int = Field(description="global batch × mean row length")
+    flops_per_token: int = Field(
+        description="training FLOPs per token, recomputation included: counted by the trace with torch's per-op "
+        "formulas (`flops_source: traced`), else 6·N full / 4·N + 2·trainable LoRA plus 12·layers·hidden·seq attention"
+    )
+    flops_source: Literal["traced", "analytical"] = Field(description="where `flops_per_token` came from")
+    ops_per_micro_step: int = Field(description="aten ops one micro-step dispatches (from the trace; 0 for analytical)")
+    device_flops: float = Field(
+        description="matmul FLOP/s one device reaches in training: GPU peak × MFU (0.4 CUDA, 0.35 ROCm), or the CPU "
+        "probe × 0.75 fp32 / 0.38 bf16 (a CPU device: one process, with cores / `hardware.processes` threads)"
+    )
+    op_seconds: float = Field(description="cost of one dispatched op: 8 µs on GPUs; on CPUs the probed bare op × 4")
+    throughput_source: str = Field(description="where `device_flops` came from")
+    cpu_probe: CpuProbe | None = Field(None, description="CPU plans only: the probe figures the rates rest on")
+    seconds_per_step: float = Field(
+        description="accumulation × (micro tokens × flops_per_token / device_flops + ops × op_seconds)"
+    )
+    seconds: float = Field(description="steps × seconds_per_step; data-parallel communication is not included")
+
+
+class Resources(Section):
+    """What the train job asks the scheduler for, per node (the train rule's resources)."""
+
+    gpus: int = Field(description="`hardware.gpus`")
+    nodes: int = Field(description="`hardware.nodes`")
+    cpus: int = Field(description="`hardware.cpus`, else the planning machine's cores (CPU) or 8 per GPU")
+    mem_mb: int = Field(
+        description="host memory per node × 1.25: per CPU process the process (1.5 GiB) plus the peak, or per GPU the "
+        "process plus an fp32 copy of the weights while loading"
+    )
+    runtime: int = Field(description="minutes: 1.5 × the predicted time + 10 for loading, saving and scheduling")
+
+
+class Plan(Section):
+    """plans/<recipe>/plan.json."""
+
+    model: ModelShape
+    data: DataShape
+    layout: Layout
+    precision: Literal["fp32", "bf16", "fp16"] = Field(description="autocast dtype (fp32: none)")
+    weights_dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        description="dtype the weights are held in: fp32, or the GPU's 16-bit dtype for a LoRA base"
+    )
+    gradient_checkpointing: bool = Field(description="recompute activations in backward: only when the run needs it")
+    memory: Memory
+    time: Time
+    resources: Resources
+
+    def to_json(self) -> dict:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def write_plan(path: str | Path, plan: Plan) -> None:
+    write_json(path, plan.to_json())
+
+
+def read_plan(path: str | Path) -> Plan:
+    """plan.json, validated; a plan of another shape names the file and the fields at fault."""
+    try:
+        return Plan.model_validate(read_json(path))
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        raise XtrainError(f"{path}: not a plan this version of xtrain reads ({fields}); rerun the plan stage "
+                          "(delete the file, or snakemake --forcerun plan)") from None
