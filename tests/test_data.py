@@ -390,31 +390,31 @@ def model_with_template(model_dir: Path, folder: Path, template: str) -> Path:
     return copy
 
 
-@pytest.mark.parametrize(
-    "template",
-    [
-        pytest.param(BARE_TEMPLATE, id="no-generation-prompt"),
-        pytest.param(
-            PLAIN_TEMPLATE,
-            id="with-add_generation_prompt",
-        ),
-    ],
-)
-def test_template_without_generation_block_is_refused_by_name(model_dir, tmp_path, template):
-    assert "{% generation %}" not in template
-    plain = model_with_template(model_dir, tmp_path, template)
+def test_template_that_cannot_be_masked_is_refused_by_name(model_dir, tmp_path):
+    """No {% generation %} block, no TRL training variant, and the assistant's role header comes with its answer
+    (the template ignores add_generation_prompt): neither way can find the answer alone."""
+    assert "{% generation %}" not in BARE_TEMPLATE
+    plain = model_with_template(model_dir, tmp_path, BARE_TEMPLATE)
     source = write_jsonl(tmp_path / "chat.jsonl", [qa(i) for i in range(20)])
     with pytest.raises(XtrainError) as info:
         run_prepare(plain, tmp_path / "prepared" / "demo", source)
     assert str(plain) in str(info.value)
-    assert "{% generation %}" in str(info.value)
+    assert "{% generation %}" in str(info.value) and "data.train_on_inputs: true" in str(info.value)
     assert leftovers(tmp_path / "prepared") == []
 
 
-def test_template_without_generation_block_never_produces_an_unmasked_dataset(model_dir, tmp_path):
-    # Whatever the message, a template that cannot mark assistant tokens must stop prepare with no output.
+def test_a_prefix_preserving_template_without_generation_block_is_masked_by_incremental_rendering(model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
     plain = model_with_template(model_dir, tmp_path, PLAIN_TEMPLATE)
     source = write_jsonl(tmp_path / "chat.jsonl", [qa(i) for i in range(20)])
-    with pytest.raises(XtrainError):
-        run_prepare(plain, tmp_path / "prepared" / "demo", source)
-    assert leftovers(tmp_path / "prepared") == []
+    manifest = run_prepare(plain, tmp_path / "prepared" / "demo", source)
+    assert manifest["masking"] == "incremental rendering"
+    assert manifest["end_of_turn"]["token"] == "<|im_end|>"
+    tokenizer = AutoTokenizer.from_pretrained(plain)
+    rows = pq.read_table(tmp_path / "prepared" / "demo" / "train.parquet").to_pylist()
+    for row in rows:
+        supervised = tokenizer.decode([t for t, m in zip(row["input_ids"], row["assistant_masks"]) if m])
+        answer = tokenizer.decode(row["input_ids"]).split("<|im_start|>assistant\n")[1]
+        assert supervised == answer.rstrip("\n"), "exactly the answer and its end-of-turn token"
+    assert (tmp_path / "prepared" / "demo" / "chat_template.jinja").read_text() == PLAIN_TEMPLATE

@@ -110,13 +110,15 @@ def test_real_text_documents_are_trained_on_every_token_and_end_with_eos(tiny_mo
 
 
 def test_batched_tokens_and_masks_equal_apply_chat_template_row_by_row(tokenizer):
+    from xtrain.data.templates import ChatTemplate
     from xtrain.data.tokenize import encode_chats
 
     alpaca = Normaliser(DataSource(path=str(ALPACA)), "alpaca")
     glaive = Normaliser(DataSource(path=str(GLAIVE)), "sharegpt")
     chats = [alpaca.read(row) for row in json.loads(ALPACA.read_text())[:100]]
     chats += [{"messages": glaive.read(row)["messages"], "tools": None} for row in json.loads(GLAIVE.read_text())[:100]]
-    batched = encode_chats(tokenizer, tokenizer.chat_template, [c["messages"] for c in chats], [None] * len(chats))
+    template = ChatTemplate(tokenizer.chat_template, tokenizer.chat_template, "generation blocks", "the demo's")
+    batched = encode_chats(tokenizer, template, [c["messages"] for c in chats], [None] * len(chats))
     for chat, (ids, mask) in zip(chats, batched, strict=True):
         one = tokenizer.apply_chat_template(chat["messages"], tokenize=True, return_dict=True,
                                             return_assistant_tokens_mask=True)

@@ -60,8 +60,10 @@ def test_train_on_inputs_supervises_every_token(tiny_model, tmp_path):
 
 
 def test_a_template_named_in_the_recipe_replaces_the_tokenizers(tiny_model, tmp_path):
-    plain = model_with_template(tiny_model, tmp_path, CHATML_TEMPLATE.replace("{% generation %}", "").replace(
-        "{% endgeneration %}", ""))
+    # Without generation blocks or a generation prompt, the tokenizer's template cannot be masked.
+    unmaskable = CHATML_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "").replace(
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}", "")
+    plain = model_with_template(tiny_model, tmp_path, unmaskable)
     source = write_jsonl(tmp_path / "c.jsonl", [qa(i) for i in range(20)])
     with pytest.raises(XtrainError, match="no {% generation %} block"):
         run(plain, tmp_path / "refused", source)

@@ -60,6 +60,10 @@ SOURCE_COLUMNS: dict[str, tuple[str, ...]] = {
     "text": ("text",),
 }
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+# Model families whose stock chat template (as TRL ships it) a recipe may name, for a base model without one.
+CHAT_TEMPLATE_FAMILIES = ("llama3", "llama3_1", "llama3_2", "qwen2_5", "qwen3", "gemma", "gemma3", "phi3", "phi3_5",
+                          "deepseekv3", "cohere", "cohere2", "gptoss", "glm4moe", "lfm2")
+CHAT_TEMPLATES = ("tokenizer", "chatml", *CHAT_TEMPLATE_FAMILIES)
 
 
 class DataSource(Section):
@@ -129,11 +133,15 @@ class Data(Section):
     near_dedupe_threshold: float | None = Field(
         None, gt=0, le=1, description="Drop rows whose MinHash Jaccard similarity to a kept row reaches this; null: off."
     )
-    chat_template: Literal["tokenizer", "chatml"] = Field(
-        "tokenizer", description="The model tokenizer's chat template, or a built-in one by name."
+    chat_template: Literal[CHAT_TEMPLATES] = Field(
+        "tokenizer",
+        description="The model tokenizer's chat template (a family's stock template works as shipped), `chatml`, or "
+        "a model family's stock template by name (" + ", ".join(CHAT_TEMPLATE_FAMILIES) + ") for a base model "
+        "without one.",
     )
     train_on_inputs: bool = Field(
-        False, description="Train on every token; by default only assistant turns (and their end-of-turn token)."
+        False, description="Train on every token; by default only assistant turns (and their end-of-turn token), "
+        "found by the template's {% generation %} blocks, TRL's training variant of it, or incremental rendering.",
     )
     packing: bool = Field(
         False, description="Pack train rows best-fit-decreasing into seq_len sequences that do not attend to each other."

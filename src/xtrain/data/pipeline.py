@@ -25,7 +25,8 @@ from .dedupe import NearDuplicates, exact_key
 from .formats import TEXT_ROLE, Chat, Normaliser, RowError, detect_format, drop_reason
 from .report import preview, split_stats
 from .sources import read_source
-from .tokenize import check_template, choose_template, encode_batch
+from .templates import ChatTemplate, resolve
+from .tokenize import check_template, encode_batch
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def read_chats(source: DataSource, path: Path | None, seen: set[str], near: Near
     return found.name, chats, dropped, stats
 
 
-def tokenize(chats: list[Chat], tokenizer, template: str | None, data: Data) -> pa.Table:
+def tokenize(chats: list[Chat], tokenizer, template: ChatTemplate | None, data: Data) -> pa.Table:
     """input_ids and assistant_masks of every chat, in order.
 
     One process: each batch is tokenized by the Rust tokenizer on every core already, and measured on
@@ -153,11 +154,12 @@ def prepare(
         chats += found
         origin += [index] * len(found)
 
-    template = None
+    template, end_of_turn = None, None
     if any(chat["messages"][0]["role"] != TEXT_ROLE for chat in chats):
-        template, label = choose_template(tokenizer, data.chat_template, model_dir)
+        template = resolve(tokenizer, data.chat_template, model_dir, masked=not data.train_on_inputs)
         if not data.train_on_inputs:
-            check_template(tokenizer, template, label)
+            end_of_turn = check_template(tokenizer, template)
+        log.info("%s: assistant tokens found by %s", template.label, template.method)
     table, over, reasons = fit_lengths(tokenize(chats, tokenizer, template, data), data.seq_len, data.over_length)
 
     names = list(per_source)
@@ -197,6 +199,9 @@ def prepare(
         "sources": per_source,
         "seq_len": data.seq_len,
         "chat_template": data.chat_template,
+        # How assistant tokens were found, and the end-of-turn token the checkpoint's generation config stops at.
+        **({"masking": template.method} if template else {}),
+        **({"end_of_turn": end_of_turn} if end_of_turn else {}),
         "train_on_inputs": data.train_on_inputs,
         "packing": data.packing,
         "splits": {name: split_stats(split, data.seq_len) for name, split in tables.items()},
@@ -204,15 +209,18 @@ def prepare(
 
     with atomic_dir(out) as staging:
         fingerprint = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode())
-        fingerprint.update((template or "").encode())
+        if template:
+            fingerprint.update(template.stock.encode())
+            if template.masking != template.stock:
+                fingerprint.update((template.masking or template.method).encode())
         for name, split in tables.items():
             Dataset(split).to_parquet(str(staging / f"{name}.parquet"))
             fingerprint.update((staging / f"{name}.parquet").read_bytes())
         manifest["fingerprint"] = fingerprint.hexdigest()
         write_json(staging / "manifest.json", manifest)
         (staging / "preview.txt").write_text(preview(examples, tokenizer), encoding="utf-8")
-        if template:  # the checkpoint ships the template the data was rendered with
-            (staging / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
+        if template:  # the checkpoint ships the stock template the data was rendered with, for inference
+            (staging / CHAT_TEMPLATE_FILE).write_text(template.stock, encoding="utf-8")
     for name, stats in per_source.items():
         log.info("%s (%s): kept %d of %d rows, dropped %s", name, stats["format"], stats["kept"], stats["rows"],
                  stats["dropped"] or "none")

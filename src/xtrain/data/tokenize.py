@@ -1,58 +1,43 @@
-"""Chat template choice and checks, and batched tokenization with the loss mask.
+"""Template checks, and batched tokenization with the loss mask.
 
-Owns the one place text becomes tokens. Chats are rendered with the chat template, whose
-`{% generation %}` blocks mark what the assistant says; the rendered texts are tokenized in batches by
-the fast (Rust) tokenizer, and a token is supervised when it overlaps a generation block (the same rule
-as `apply_chat_template(..., return_assistant_tokens_mask=True)`, one row at a time). Plain documents
-are tokenized as they are, end with the end-of-sequence token, and are supervised everywhere.
+Owns the one place text becomes tokens. Chats are rendered with the chat template (`templates`), and each
+assistant turn's characters are found by its `{% generation %}` blocks or by incremental rendering; the
+rendered texts are tokenized in batches by the fast (Rust) tokenizer, and a token is supervised when it
+overlaps an assistant span (the same rule as `apply_chat_template(..., return_assistant_tokens_mask=True)`,
+one row at a time). Plain documents are tokenized as they are, end with the end-of-sequence token, and are
+supervised everywhere.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import XtrainError
-from ..tiny_model import CHATML_TEMPLATE
 from .formats import TEXT_ROLE
+from .templates import ChatTemplate, assistant_spans
 
-# Templates a recipe may name in data.chat_template instead of using the tokenizer's own.
-CHAT_TEMPLATES = {"chatml": CHATML_TEMPLATE}
-GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
 
 
-def choose_template(tokenizer, name: str, model_dir: Path) -> tuple[str, str]:
-    """The template text, and how error messages name it."""
-    if name != "tokenizer":
-        return CHAT_TEMPLATES[name], f"data.chat_template {name!r}"
-    if not tokenizer.chat_template:
-        raise XtrainError(f"{model_dir}: the tokenizer has no chat template; name one in data.chat_template (chatml)")
-    return tokenizer.chat_template, f"{model_dir}: the tokenizer's chat template"
-
-
-def check_template(tokenizer, template: str, label: str) -> None:
-    """Refuse a template that cannot mark assistant tokens, masks everything, or leaves the end of turn untrained."""
-    if not GENERATION_BLOCK.search(template):
-        raise XtrainError(
-            f"{label} has no {{% generation %}} block, so assistant tokens cannot be found for loss masking; "
-            "use a template that marks assistant turns, or set data.train_on_inputs: true"
-        )
+def check_template(tokenizer, template: ChatTemplate) -> dict:
+    """Refuse a template whose masking supervises nothing or leaves the end of turn untrained; the end-of-turn
+    token it supervises (`{"token", "id"}`), which the checkpoint's generation config stops at."""
     (ids, mask), = encode_chats(tokenizer, template, [PROBE], [None])
     if not any(mask):
-        raise XtrainError(f"{label} masks every token (its {{% generation %}} blocks are empty): nothing would train")
+        raise XtrainError(f"{template.label} masks every token ({template.method} finds no assistant text): nothing "
+                          "would train")
     last = max(i for i, bit in enumerate(mask) if bit)
     stop_ids = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
     if ids[last] not in stop_ids:
         after = tokenizer.convert_ids_to_tokens(ids[last + 1]) if last + 1 < len(ids) else None
         raise XtrainError(
-            f"{label} does not train on the end-of-turn token {after!r} after an assistant reply, so the model "
-            "would never learn to stop: move {% endgeneration %} after that token"
+            f"{template.label} does not train on the end-of-turn token {after!r} after an assistant reply "
+            f"({template.method}), so the model would never learn to stop: move {{% endgeneration %}} after that token"
         )
+    return {"token": tokenizer.convert_ids_to_tokens(ids[last]), "id": ids[last]}
 
 
 def template_messages(messages: list[dict], tools: str | None, template: str) -> tuple[list[dict], Any]:
@@ -67,17 +52,20 @@ def template_messages(messages: list[dict], tools: str | None, template: str) ->
     return [{"role": "system", "content": note}, *messages], None
 
 
-def encode_chats(tokenizer, template: str, chats: list[list[dict]], tools: list[str | None]):
+def encode_chats(tokenizer, template: ChatTemplate, chats: list[list[dict]], tools: list[str | None]):
     """(input_ids, assistant mask) of each chat; the Rust tokenizer spreads the batch over every core."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     texts, spans = [], []
     for messages, row_tools in zip(chats, tools, strict=True):
-        messages, row_tools = template_messages(messages, row_tools, template)
-        (text,), (generation,) = render_jinja_template(
-            conversations=[messages], tools=row_tools, chat_template=template, return_assistant_tokens_mask=True,
-            **tokenizer.special_tokens_map,
-        )
+        messages, row_tools = template_messages(messages, row_tools, template.stock)
+        if template.masking is None:
+            text, generation = assistant_spans(tokenizer, template.stock, messages, row_tools)
+        else:
+            (text,), (generation,) = render_jinja_template(
+                conversations=[messages], tools=row_tools, chat_template=template.masking,
+                return_assistant_tokens_mask=True, **tokenizer.special_tokens_map,
+            )
         texts.append(text)
         spans.append(generation)
     encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
@@ -109,7 +97,7 @@ def encode_texts(tokenizer, texts: list[str]):
     return [(row, [1] * len(row)) for row in ids]
 
 
-def encode_batch(batch: dict[str, list], tokenizer, template: str | None, train_on_inputs: bool) -> dict[str, list]:
+def encode_batch(batch: dict[str, list], tokenizer, template: ChatTemplate | None, train_on_inputs: bool) -> dict[str, list]:
     """`datasets.map` function: chat-form rows -> input_ids, assistant_masks (in row order)."""
     is_text = [messages[0]["role"] == TEXT_ROLE for messages in batch["messages"]]
     chat_rows = [i for i, text in enumerate(is_text) if not text]
