@@ -1,7 +1,8 @@
 """The train stage: run the recipe's backend and write the checkpoint contract.
 
-Every backend ends in the same `checkpoints/<recipe>/`: HF-loadable weights, the tokenizer with its
-chat template, `train_metrics.json` and `manifest.json`. The folder appears only when complete.
+Every backend ends in the same `checkpoints/<recipe>/`: HF-loadable weights, the tokenizer with its (stock)
+chat template, `generation_config.json` that stops at the end of turn, a model card `README.md`,
+`train_metrics.json` and `manifest.json`. The folder appears only when complete.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .artifacts import atomic_dir, read_json, write_json
 from .backends import TrainJob, TrainResult
 from .backends.guards import last_complete_checkpoint
 from .data.pipeline import CHAT_TEMPLATE_FILE
+from .inference_files import base_license, model_card, write_generation_config
 from .plan.schema import read_plan
 from .recipe import Hardware, Train, content_hash
 
@@ -87,7 +89,8 @@ def run_training(
     if trust_remote_code:
         log.warning("model.trust_remote_code is set: the Python code in %s runs in this process", model_dir)
     plan = read_plan(plan_path)
-    data_fingerprint = read_json(prepared_dir / "manifest.json")["fingerprint"]
+    prepared = read_json(prepared_dir / "manifest.json")
+    data_fingerprint = prepared["fingerprint"]
     recipe_hash = content_hash({"train": train.model_dump(mode="json"), "hardware": hardware.model_dump(mode="json")})
     plan_hash = hashlib.sha256(plan_path.read_bytes()).hexdigest()
     # Trainer checkpoints of an interrupted run are resumed only by the very same run.
@@ -104,6 +107,12 @@ def run_training(
             shutil.copyfile(template, staging / CHAT_TEMPLATE_FILE)
         metrics = train_metrics(result)
         write_json(staging / "train_metrics.json", metrics)
+        write_generation_config(model_dir, staging, prepared.get("end_of_turn"), trust_remote_code)
+        (staging / "README.md").write_text(model_card(
+            recipe=out.name, base_model=str(model_dir), method=train.method, backend=train.backend,
+            train=train.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"), data=prepared,
+            metrics=metrics, license_=base_license(model_dir),
+        ), encoding="utf-8")
         write_json(
             staging / "manifest.json",
             {

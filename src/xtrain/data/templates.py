@@ -5,8 +5,10 @@ assistant's tokens. The stock text is what the model is trained on and what the 
 inference; the assistant spans come from the first of these that applies:
 
 1. `generation blocks`: the template marks assistant output with `{% generation %}` itself;
-2. `TRL training variant`: TRL ships a `{% generation %}`-marked copy of this exact stock template (checked
-   here to render byte-identical text on single- and multi-turn chats, with and without a system turn);
+2. `TRL training variant`: TRL ships a `{% generation %}`-marked copy of this exact stock template, checked here
+   to render byte-identical text on single- and multi-turn chats, with and without a system turn. Where it does
+   not (Qwen3's stock template drops earlier turns' reasoning blocks, which breaks prefix-preservation; TRL's
+   variant keeps them), the chats are rendered as the variant does, said in a warning and in the manifest;
 3. `incremental rendering`: the template is prefix-preserving (rendering a chat up to an assistant turn with
    the generation prompt, then with that turn, only appends), so each assistant span is the text the turn
    appends, up to its end-of-turn token.
@@ -16,6 +18,7 @@ A template none of these can mask is refused, naming it and what to do.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,7 @@ from ..recipe import CHAT_TEMPLATE_FAMILIES as FAMILIES
 from ..recipe import CHAT_TEMPLATES as TEMPLATE_NAMES
 from ..tiny_model import CHATML_TEMPLATE
 
+log = logging.getLogger(__name__)
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # Conversations every template is checked on: the shapes a training set holds.
 PROBES = (
@@ -69,7 +73,15 @@ def resolve(tokenizer, name: str, model_dir: Path, masked: bool = True) -> ChatT
         return ChatTemplate(stock, stock, "every token (data.train_on_inputs)", label)
     variant = training_variant(tokenizer, stock)
     if variant is not None:
-        return ChatTemplate(stock, variant, "TRL training variant", label)
+        differs = next((i for i, chat in enumerate(renderable(tokenizer, stock))
+                        if render(tokenizer, stock, chat) != render(tokenizer, variant, chat)), None)
+        if differs is None:
+            return ChatTemplate(stock, variant, "TRL training variant", label)
+        log.warning("%s: TRL's training variant of it renders some chats (e.g. %d turns) unlike the stock template "
+                    "(it keeps what the stock one drops from earlier turns, so that rendering is prefix-preserving); "
+                    "the chats are rendered as TRL's variant does, and the checkpoint ships the stock template",
+                    label, len(renderable(tokenizer, stock)[differs]))
+        return ChatTemplate(stock, variant, "TRL training variant (its own rendering of multi-turn chats)", label)
     broken = prefix_broken(tokenizer, stock)
     if broken is None:
         return ChatTemplate(stock, None, "incremental rendering", label)
@@ -82,7 +94,7 @@ def resolve(tokenizer, name: str, model_dir: Path, masked: bool = True) -> ChatT
 
 
 def training_variant(tokenizer, stock: str) -> str | None:
-    """TRL's {% generation %}-marked copy of `stock`, when it has one that renders the same text."""
+    """TRL's {% generation %}-marked copy of `stock`, when it has one."""
     from trl.chat_template_utils import get_training_chat_template
 
     original = tokenizer.chat_template
@@ -93,19 +105,33 @@ def training_variant(tokenizer, stock: str) -> str | None:
         return None
     finally:
         tokenizer.chat_template = original
-    if variant is None or any(render(tokenizer, stock, chat) != render(tokenizer, variant, chat) for chat in PROBES):
-        return None
     return variant
 
 
 def prefix_broken(tokenizer, template: str) -> str | None:
     """Why `template` is not prefix-preserving on the probe chats; None when it is."""
-    for chat in PROBES:
+    for chat in renderable(tokenizer, template):
         try:
             assistant_spans(tokenizer, template, chat, None)
         except XtrainError as exc:
             return str(exc)
     return None
+
+
+def renderable(tokenizer, template: str) -> list[list[dict]]:
+    """The probe chats the template renders (Mistral's refuses a system turn, say)."""
+    from jinja2.exceptions import TemplateError
+
+    chats = []
+    for chat in PROBES:
+        try:
+            render(tokenizer, template, chat)
+        except TemplateError:
+            continue
+        chats.append(chat)
+    if not chats:
+        raise XtrainError(f"the chat template renders none of the probe chats (user/assistant turns): {PROBES[0]}")
+    return chats
 
 
 def render(tokenizer, template: str, messages: list[dict], tools=None, add_generation_prompt: bool = False) -> str:

@@ -29,7 +29,8 @@ def check_template(tokenizer, template: ChatTemplate) -> dict:
     if not any(mask):
         raise XtrainError(f"{template.label} masks every token ({template.method} finds no assistant text): nothing "
                           "would train")
-    last = max(i for i, bit in enumerate(mask) if bit)
+    first = mask.index(1)  # the first assistant turn's span ends with its end-of-turn token
+    last = first + (mask[first:] + [0]).index(0) - 1
     stop_ids = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
     if ids[last] not in stop_ids:
         after = tokenizer.convert_ids_to_tokens(ids[last + 1]) if last + 1 < len(ids) else None
@@ -66,10 +67,23 @@ def encode_chats(tokenizer, template: ChatTemplate, chats: list[list[dict]], too
                 conversations=[messages], tools=row_tools, chat_template=template.masking,
                 return_assistant_tokens_mask=True, **tokenizer.special_tokens_map,
             )
+            # TRL's Phi-3 variant also marks the eos that closes the whole conversation: not an assistant's answer.
+            generation = [(start, end) for start, end in (trimmed(text, *span) for span in generation)
+                          if text[start:end] != tokenizer.eos_token]
         texts.append(text)
         spans.append(generation)
     encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
     return [(encoding.ids, assistant_mask(encoding, row_spans)) for encoding, row_spans in zip(encodings, spans)]
+
+
+def trimmed(text: str, start: int, end: int) -> tuple[int, int]:
+    """A generation block without the whitespace around it: the answer and its end-of-turn token (TRL's training
+    variants also mark the newline after the role header and after the end-of-turn token)."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
 
 
 def assistant_mask(encoding, spans: list[tuple[int, int]]) -> list[int]:
