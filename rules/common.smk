@@ -7,6 +7,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from xtrain.hub import model_folder  # noqa: E402
 from xtrain.plan import read_plan  # noqa: E402
 from xtrain.preflight import preflight  # noqa: E402
 from xtrain.recipe import RecipeError, stage_params  # noqa: E402
@@ -59,7 +60,7 @@ def recipe(wildcards):
 
 
 def model_dir(wildcards):
-    return recipe(wildcards).model.path
+    return model_folder(recipe(wildcards).model)
 
 
 def data_sources(wildcards):

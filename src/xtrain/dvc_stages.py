@@ -31,7 +31,9 @@ def persisted(*paths: str) -> list[dict[str, Any]]:
 def recipe_stage(name: str, recipe: Recipe) -> dict[str, Any]:
     return {
         "cmd": f"snakemake --cores all reports/{name}/gate.json",
-        "deps": [f"recipes/{name}.yaml", *(s.path for s in recipe.data.sources), recipe.model.path, *WORKFLOW_DEPS],
+        # A hub model is pinned by its revision in the recipe file (and its commit in the checkpoint manifest).
+        "deps": [f"recipes/{name}.yaml", *(s.path for s in recipe.data.sources),
+                 *([recipe.model.path] if recipe.model.path else []), *WORKFLOW_DEPS],
         "outs": persisted(f"prepared/{name}", f"plans/{name}/plan.json", f"checkpoints/{name}",
                           *(f"reports/{name}/{report}" for report in REPORT_OUTPUTS)),
         "metrics": persisted(f"reports/{name}/eval.json"),

@@ -16,7 +16,7 @@ from .recipe import Recipe, RecipeError
 
 def recipe_paths(recipe: Recipe) -> list[tuple[str, str]]:
     """(field, path) of every local path a recipe names."""
-    paths = [("model.path", recipe.model.path)]
+    paths = [("model.path", recipe.model.path)] if recipe.model.path is not None else []
     paths += [(f"data.sources[{i}].path", s.path) for i, s in enumerate(recipe.data.sources) if s.path is not None]
     return paths
 

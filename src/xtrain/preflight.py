@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import backends
 from .errors import XtrainError
+from .hub import model_folder
 from .paths import check_recipe_paths
 from .plan import check_micro_batch
 from .recipe import Recipe, RecipeError, load_recipe
@@ -25,10 +26,11 @@ def preflight(path: str | Path, project: Path, allowed: Iterable[str] = (), buil
     recipe = load_recipe(path)
     check_recipe_paths(recipe, str(path), project, allowed, built)
     try:
+        model_folder(recipe.model)  # a hub model must be in the cache
         check_micro_batch(recipe.train, recipe.hardware)
         backends.check(recipe.train.backend, recipe.train, recipe.hardware, packed=recipe.data.packing)
     except XtrainError as exc:  # these name the field; the recipe file is added here
         raise RecipeError(f"{path}: {exc}") from None
     if recipe.model.trust_remote_code:
-        log.warning("%s: model.trust_remote_code is set: the Python code in %s will run", path, recipe.model.path)
+        log.warning("%s: model.trust_remote_code is set: the Python code in %s will run", path, recipe.model.name)
     return recipe

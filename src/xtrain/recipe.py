@@ -35,11 +35,20 @@ class Section(BaseModel):
 
 
 class Model(Section):
-    """The base model to fine-tune: a local Hugging Face folder (config, tokenizer, weights)."""
+    """The base model to fine-tune: a local Hugging Face folder (config, tokenizer, weights), or a hub id."""
 
-    path: str = Field(
+    # Required unless `hub` is given (then it is null): a model with neither says "path is missing".
+    path: str | None = Field(
         description="Folder with config.json, tokenizer and weights, relative to the project (folders outside it "
-        "only when config/config.yaml lists them in `allowed_paths`)."
+        "only when config/config.yaml lists them in `allowed_paths`); null with `hub`."
+    )
+    hub: str | None = Field(
+        None, pattern=r"^[\w.-]+/[\w.-]+$",
+        description="Hugging Face hub model id (`org/name`), read from the Hugging Face cache ($HF_HOME): download it "
+        "first (`hf download org/name`); the commit used is recorded in the checkpoint manifest.",
+    )
+    revision: str | None = Field(
+        None, description="With `hub`: a branch, tag or commit hash of the model (default: the cached `main`)."
     )
     # Strict: only a YAML true turns it on, not "yes", "on" or 1.
     trust_remote_code: bool = Field(
@@ -48,6 +57,26 @@ class Model(Section):
         description="Run the Python code a model folder ships (custom architectures). Off unless set; when set, "
         "a warning is logged and the checkpoint manifest records it.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_path_with_hub(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("hub") is not None and "path" not in data:
+            return {**data, "path": None}
+        return data
+
+    @model_validator(mode="after")
+    def _one_location(self) -> Model:
+        if (self.path is None) == (self.hub is None):
+            raise ValueError("give exactly one of `path` (a local model folder) and `hub` (a hub model id)")
+        if self.revision is not None and self.hub is None:
+            raise ValueError("`revision` picks a version of a `hub` model: remove it, or give `hub`")
+        return self
+
+    @property
+    def name(self) -> str:
+        """How manifests and messages name the model."""
+        return self.path if self.path is not None else f"hub:{self.hub}" + (f"@{self.revision}" if self.revision else "")
 
 
 # Row formats a source may hold, and the columns (and turn keys) each reads, under their canonical names.

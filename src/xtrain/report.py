@@ -231,7 +231,8 @@ def recipe_rows(recipe: dict[str, Any]) -> list[list[Any]]:
     train, data = recipe["train"], recipe["data"]
     lora = f" (r {train['lora']['r']}, alpha {train['lora']['alpha']})" if train.get("lora") else ""
     return [
-        ["model", html.escape(recipe["model"]["path"])],
+        ["model", html.escape(recipe["model"]["path"] or f"hub:{recipe['model']['hub']}"
+                               + (f"@{recipe['model']['revision']}" if recipe["model"].get("revision") else ""))],
         ["data", "<br>".join(html.escape(s["path"] or f"hub:{s['hub']}") for s in data["sources"])],
         ["method", html.escape(f"{train['method']}{lora} on {train['backend']}")],
         ["schedule", html.escape(f"{train['epochs']} epochs" if train["max_steps"] is None else f"{train['max_steps']} steps")

@@ -23,6 +23,7 @@ from .artifacts import atomic_dir, read_json, write_json
 from .backends import TrainJob, TrainResult
 from .backends.guards import last_complete_checkpoint
 from .data.pipeline import CHAT_TEMPLATE_FILE
+from .hub import cached_revision
 from .inference_files import base_license, model_card, write_generation_config
 from .plan.schema import read_plan
 from .recipe import Hardware, Train, content_hash
@@ -119,6 +120,8 @@ def run_training(
                 "backend": train.backend,
                 "method": train.method,
                 "base_model": str(model_dir),
+                # The commit of a hub model's cached snapshot: a rebuild with the same revision uses the same weights.
+                "base_model_revision": cached_revision(model_dir),
                 "trust_remote_code": trust_remote_code,
                 # Only the sections that shape training reach this stage; the hash covers them.
                 "recipe_hash": recipe_hash,
