@@ -99,7 +99,10 @@ def train_container(wildcards):
 def backend_env(wildcards):
     """The backend's virtual environment, when it has its own and conda is not providing it."""
     backend = recipe(wildcards).train.backend
-    if backend_entry(wildcards)["conda"] == MAIN_ENV or DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    if (
+        backend_entry(wildcards)["conda"] == MAIN_ENV
+        or DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+    ):
         return []
     return [f".venvs/{backend}/ready.json"]
 

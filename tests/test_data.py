@@ -261,7 +261,7 @@ def bad_source(tmp_path: Path, case: str) -> tuple[Path, str]:
     if case == "content-not-string":
         bad = json.dumps({"messages": [{"role": "user", "content": ["a"]}]})
         path.write_text("\n".join(VALID_LINES[:1] + [bad]) + "\n")
-        return path, f"{path}:2: field `messages[0].content`: must be a string, got list"
+        return path, f"{path}:2: field `messages[0].content[0]`: a content part is {{\"type\": text"
     if case == "empty-file":
         path.write_text("")
         return path, f"{path}: no rows"

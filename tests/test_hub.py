@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from xtrain.errors import RecipeError, XtrainError
 from xtrain.hub import cached_revision, model_folder
 from xtrain.preflight import preflight

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import REPO
+
 from xtrain.artifacts import read_json
 from xtrain.data import prepare
 from xtrain.data.templates import trl_template

@@ -291,6 +291,7 @@ def test_cpu_processes_share_the_node_memory_and_cores(model_dir):
 
 def test_a_plan_is_validated_when_written_and_read(tmp_path):
     from conftest import SAMPLE_PLAN, sample_plan
+
     from xtrain.artifacts import write_json
     from xtrain.plan import read_plan, write_plan
 

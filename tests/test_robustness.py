@@ -208,7 +208,8 @@ REFUSED = {
                "model.path '../../etc' resolves to", "allowed_paths"),
     "shell": ("model: {path: 'models/tiny-llama; touch PWNED-4'}\ndata: {sources: [{path: data/small/chat.jsonl}]}\n",
               "model.path 'models/tiny-llama; touch PWNED-4' is not a model folder", "point it at"),
-    "gpus": (SMALL + "hardware: {accelerator: cuda, gpus: 2}\n", "hardware.accelerator 'cuda' is not supported", "use backend trl_local"),
+    "gpus": (SMALL + "hardware: {accelerator: cuda, gpus: 2}\n", "hardware.accelerator cpu, not 'cuda'",
+             "backends that run these settings: trl_local"),
     "..dots": (SMALL, "recipe name '..dots'", "rename the file"),
 }
 

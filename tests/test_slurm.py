@@ -10,6 +10,8 @@ import pytest
 from conftest import REPO, copy_workflow, snakemake
 from slurm_cluster import Cluster, show_jobs
 
+from xtrain.plan import read_plan
+
 pytestmark = pytest.mark.slow
 
 # Without slurmdbd, sacct never answers: poll with squeue instead, and skip the account lookup.
@@ -35,17 +37,17 @@ def test_demo_checkpoint_through_sbatch_asks_for_what_the_plan_says(cluster, tmp
               env={"XTRAIN_SLURM_PARTITION": "xtrain"})
     assert (root / "checkpoints/demo/adapter_model.safetensors").is_file()
 
-    plan = json.loads((root / "plans/demo/plan.json").read_text()).resources
+    plan = read_plan(root / "plans/demo/plan.json").resources
     jobs = {job["Comment"].split("_wildcards")[0]: job for job in show_jobs() if job["Comment"].startswith("rule_")}
     assert {"rule_prepare", "rule_train"} <= set(jobs) and "rule_plan" not in jobs, "plan is a local rule"
     train = jobs["rule_train"]
     assert train["JobState"] == "COMPLETED"
     assert train["Partition"] == "xtrain", "XTRAIN_SLURM_PARTITION chooses the partition without editing the profile"
-    hours, minutes = divmod(plan["runtime"], 60)
+    hours, minutes = divmod(plan.runtime, 60)
     assert train["TimeLimit"] == f"{hours:02d}:{minutes:02d}:00"
-    assert train["MinMemoryNode"] == f"{plan['mem_mb']}M"
-    assert train["NumNodes"] == str(plan["nodes"])
-    assert train["NumCPUs"] == str(plan["cpus"])
+    assert train["MinMemoryNode"] == f"{plan.mem_mb}M"
+    assert train["NumNodes"] == str(plan.nodes)
+    assert train["NumCPUs"] == str(plan.cpus)
     assert "gres/gpu" not in train.get("TRES", ""), "a CPU plan asks for no GPU"
 
 

@@ -20,6 +20,7 @@ from xtrain.backends import TrainJob, get_backend
 from xtrain.backends import torchtune as torchtune_backend
 from xtrain.errors import XtrainError
 from xtrain.launch import run_command
+from xtrain.plan import read_plan
 from xtrain.recipe import Hardware, Lora, Train
 from xtrain_backend_side import BACKEND_SIDE_PATH
 from xtrain_backend_side import torchtune_components as tt
@@ -76,7 +77,7 @@ def tune_run(tiny_model, tmp_path_factory, torchtune_env, monkeypatch_module):
 
 @pytest.mark.slow
 def test_torchtune_trains_the_tiny_recipe_into_the_checkpoint_contract(tune_run, trl_reference, tiny_model):
-    assert json.loads(tune_run["plan"].read_text()).precision == "fp32"
+    assert read_plan(tune_run["plan"]).precision == "fp32"
     metrics = assert_checkpoint_contract(tune_run["checkpoint"], tiny_model, "torchtune")
     assert [entry["step"] for entry in metrics["loss"]] == list(range(1, STEPS + 1))
     assert metrics["tokens_seen"] > 0
@@ -120,11 +121,11 @@ def test_the_exported_adapter_gives_the_model_torchtune_trained(tune_run, tiny_m
 def test_tune_validate_accepts_the_full_fine_tune_translation(tiny_model, trl_reference, torchtune_env, tmp_path):
     train = Train(backend="torchtune", method="full", global_batch_size=4, epochs=2, lr_scheduler="linear",
                   warmup_ratio=0.1, weight_decay=0.01)
-    plan = read_json(trl_reference["plan"])
+    plan = read_plan(trl_reference["plan"])
     rows = read_json(trl_reference["prepared"] / "manifest.json")["splits"]["train"]["rows"]
-    layout = plan.layout
-    steps_per_epoch = rows // layout["micro_batch_size"] // layout["gradient_accumulation_steps"]
-    plan.time.steps = 2 * steps_per_epoch  # what the plan gives for epochs: 2 when no row is left over
+    steps_per_epoch = rows // plan.layout.micro_batch_size // plan.layout.gradient_accumulation_steps
+    # what the plan gives for epochs: 2 when no row is left over
+    plan = plan.model_copy(update={"time": plan.time.model_copy(update={"steps": 2 * steps_per_epoch})})
     job = TrainJob(tiny_model, trl_reference["prepared"], plan, train, Hardware(), tmp_path / "out", tmp_path, None)
     config = torchtune_backend.torchtune_config(job, rows, packed=False)
     assert config["model"]["_component_"].endswith("llama3_2") and "lora_rank" not in config["model"]

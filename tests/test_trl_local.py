@@ -14,6 +14,7 @@ from xtrain import backends
 from xtrain.backends.trl import cpu_placement
 from xtrain.backends.trl_local import first_host, found_device, torchrun_command
 from xtrain.errors import XtrainError
+from xtrain.plan import read_plan
 from xtrain.recipe import Hardware, RecipeError, Train, parse_recipe
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
@@ -116,8 +117,8 @@ def test_one_process_on_the_cpu_meets_the_contract_and_starts_at_trl_cpus_loss(o
                                                                                 tiny_model):
     metrics = assert_checkpoint_contract(one_process_run["checkpoint"], tiny_model, "trl_local")
     assert metrics["steps"] == 5
-    plan = json.loads(one_process_run["plan"].read_text()).layout
-    assert (plan["strategy"], plan["micro_batch_size"], plan["gradient_accumulation_steps"]) == ("single", 3, 2)
+    plan = read_plan(one_process_run["plan"]).layout
+    assert (plan.strategy, plan.micro_batch_size, plan.gradient_accumulation_steps) == ("single", 3, 2)
     # The same trainer on the same rows: the whole curve agrees, the brief's 2% on the first step a fortiori.
     assert losses(one_process_run["checkpoint"])[0] == pytest.approx(losses(trl_cpu_run["checkpoint"])[0], rel=0.02)
     assert losses(one_process_run["checkpoint"]) == pytest.approx(losses(trl_cpu_run["checkpoint"]), abs=1e-6)
@@ -127,8 +128,8 @@ def test_one_process_on_the_cpu_meets_the_contract_and_starts_at_trl_cpus_loss(o
 def test_two_processes_give_the_one_process_loss_curve(one_process_run, tiny_model, tmp_path, caplog):
     caplog.set_level("INFO", logger="xtrain.launch")
     two = build_run(tmp_path, tiny_model, recipe_train("trl_local"), Hardware(processes=2))
-    plan = json.loads(two["plan"].read_text()).layout
-    assert (plan["strategy"], plan["devices"], plan["micro_batch_size"], plan["gradient_accumulation_steps"]) == (
+    plan = read_plan(two["plan"]).layout
+    assert (plan.strategy, plan.devices, plan.micro_batch_size, plan.gradient_accumulation_steps) == (
         "ddp", 2, 3, 1)
     launched = [r.getMessage() for r in caplog.records]
     assert any("torch.distributed.run --nproc-per-node=2" in message for message in launched)

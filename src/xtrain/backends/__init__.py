@@ -37,7 +37,9 @@ def check(name: str, train: Train, hardware: Hardware, packed: bool = False) -> 
 
     backend = get_backend(name)
     if reason := refusal(name, backend.capabilities, train, hardware, packed):
-        raise XtrainError(reason)
+        able = [other.name for other in REGISTRY.values() if other.name != name
+                and not refusal(other.name, other.capabilities, train, hardware, packed)]
+        raise XtrainError(reason + (f"; backends that run these settings: {', '.join(able)}" if able else ""))
     precisions(hardware, name)  # one the device runs and the backend trains in
     backend.check(train, hardware)
     return backend

@@ -1,7 +1,12 @@
 """Turning rows of any supported format into one chat form, and deciding which chats can be trained on.
 
 The chat form is `{"messages": [{"role", "content"}, ...], "tools": str | None}` with roles system, user,
-assistant, tool, or one `text` turn for a plain document (trained on every token, no chat template).
+assistant, tool, or one `text` turn for a plain document (trained on every token, no chat template). A message
+may also carry, as the chat templates read them: `tool_calls` (OpenAI's shape, arguments as an object) and
+`reasoning_content` on assistant turns, `tool_call_id` and `name` on tool turns, and `train` (false: an
+assistant turn given as context, not supervised). Content given as typed parts (OpenAI's `{"type": "text",
+"text"}`, LLaMA-Factory's `{"type": "text", "value"}`, with `reasoning`/`thinking` and `tool_call` parts) is
+read into these; a row with image, audio or video parts is dropped ("non-text content (image)").
 A row the format cannot read (missing column, wrong type, unknown role) is an error naming the row and
 the field; a readable row that cannot be trained on (empty turn, wrong role order, no assistant turn)
 is dropped with its reason.
@@ -31,6 +36,35 @@ NEXT_ROLES = {"user": {"assistant"}, "assistant": {"user", "tool"}, "tool": {"to
 # The column whose presence in the first row tells the format, tried in this order.
 DETECTED_BY = (("messages", "messages"), ("conversations", "sharegpt"), ("instruction", "alpaca"),
                ("prompt", "prompt_completion"), ("text", "text"))
+
+
+# Typed content parts: which part types are text, reasoning, a tool call, or media (a row with media is dropped).
+TEXT_PARTS, REASONING_PARTS, TOOL_CALL_PARTS = ("text", "input_text", "output_text"), ("reasoning", "thinking"), ("tool_call",)
+MEDIA_PARTS = {"image": "image", "image_url": "image", "input_image": "image", "audio": "audio",
+               "input_audio": "audio", "video": "video", "video_url": "video"}
+# Columns that make a row something other than supervised chat data, and what that data is.
+OTHER_KINDS = (
+    (("chosen", "rejected"), "preference pairs (DPO/ORPO: `chosen` / `rejected`)", "train.objective: dpo or orpo"),
+    (("chosen_messages", "rejected_messages"), "preference pairs (DPO/ORPO: `chosen_messages` / `rejected_messages`)",
+     "train.objective: dpo or orpo"),
+    (("label",), "unpaired preference rows (KTO: a boolean `label`)", "train.objective: kto"),
+    (("kto_tag",), "unpaired preference rows (KTO: `kto_tag`)", "train.objective: kto"),
+    (("images",), "multimodal rows (`images`)", "a vision-language model and recipe"),
+    (("videos",), "multimodal rows (`videos`)", "a vision-language model and recipe"),
+    (("audios",), "multimodal rows (`audios`)", "an audio model and recipe"),
+)
+
+
+def other_kind(row: dict[str, Any]) -> tuple[str, str] | None:
+    """(what the data is, the setting it needs) when a row's columns make it other than SFT data."""
+    for columns, kind, setting in OTHER_KINDS:
+        if all(column in row for column in columns) and not (columns == ("label",) and not isinstance(row["label"], bool)):
+            return kind, setting
+    return None
+
+
+class DropRow(Exception):
+    """A readable row that cannot be trained on (non-text content); the message is the drop reason."""
 
 
 class RowError(ValueError):
@@ -65,7 +99,7 @@ class Normaliser:
             raise RowError(key, f"must be a {names}, got {type(value).__name__}")
         return value
 
-    def turns(self, turns: list, field: str, role_key: str, content_key: str) -> list[dict[str, str]]:
+    def turns(self, turns: list, field: str, role_key: str, content_key: str) -> list[dict[str, Any]]:
         out = []
         for i, turn in enumerate(turns):
             where = f"{field}[{i}]"
@@ -78,9 +112,15 @@ class Normaliser:
                     f"unknown role {name!r}; known roles are {', '.join(sorted(self.roles))} "
                     "(map others with data.sources[].roles)",
                 )
-            if not isinstance(content, str):
-                raise RowError(f"{where}.{content_key}", f"must be a string, got {type(content).__name__}")
-            out.append({"role": self.roles[name], "content": content})
+            message = {"role": self.roles[name]}
+            if isinstance(content, list):
+                message |= content_parts(content, f"{where}.{content_key}")
+            elif isinstance(content, str) or (content is None and turn.get("tool_calls")):
+                message["content"] = content or ""
+            else:
+                raise RowError(f"{where}.{content_key}", "must be a string or a list of typed parts, got "
+                               f"{type(content).__name__}")
+            out.append(message | turn_extras(turn, where, message))
         return out
 
     def tools(self, row: dict[str, Any]) -> str | None:
@@ -137,9 +177,86 @@ def drop_reason(chat: Chat) -> str | None:
     turns = messages[1:] if messages and messages[0]["role"] == "system" else messages
     if not any(t["role"] == "assistant" for t in turns):
         return "no assistant turn"
-    if any(not t["content"].strip() for t in turns):
+    if any(not t["content"].strip() and not t.get("tool_calls") for t in turns):
         return "empty turn"
+    if not any(t["role"] == "assistant" and t.get("train", True) for t in turns):
+        return "no supervised assistant turn"
     roles = [t["role"] for t in turns]
     if roles[0] != "user" or any(b not in NEXT_ROLES.get(a, ()) for a, b in zip(roles, roles[1:])):
         return "wrong role order"
     return None
+
+
+def content_parts(parts: list, where: str) -> dict[str, Any]:
+    """A message's content given as typed parts: text joined in order, reasoning and tool-call parts kept apart."""
+    text, reasoning, calls = [], [], []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        value = part.get("text", part.get("value")) if isinstance(part, dict) else None
+        if kind in MEDIA_PARTS:
+            raise DropRow(f"non-text content ({MEDIA_PARTS[kind]})")
+        if kind in TEXT_PARTS and isinstance(value, str):
+            text.append(value)
+        elif kind in REASONING_PARTS and isinstance(value := part.get(kind, value), str):
+            reasoning.append(value)
+        elif kind in TOOL_CALL_PARTS and value is not None:
+            calls.append(tool_call(value, f"{where}[{j}]"))
+        else:
+            raise RowError(f"{where}[{j}]", f"a content part is {{\"type\": text|reasoning|thinking|tool_call|image|audio|"
+                           f"video, \"text\" or \"value\": ...}}, got {json.dumps(part, ensure_ascii=False)[:80]}")
+    message: dict[str, Any] = {"content": "".join(text)}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def tool_call(value: Any, where: str) -> dict[str, Any]:
+    """One call as chat templates read it: {"type": "function", "function": {"name", "arguments": {...}}}; from
+    OpenAI's shape (arguments as a JSON string or object), or a bare {"name", "arguments"} (as JSON text too)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise RowError(where, "a tool call is JSON {\"name\": ..., \"arguments\": {...}}") from None
+    function = value.get("function", value) if isinstance(value, dict) else None
+    name, arguments = (function.get("name"), function.get("arguments", {})) if isinstance(function, dict) else (None, None)
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            raise RowError(f"{where}.arguments", "arguments are a JSON object (or its text)") from None
+    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
+        raise RowError(where, "a tool call has a `name` (text) and `arguments` (an object)")
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def turn_extras(turn: dict[str, Any], where: str, message: dict[str, Any]) -> dict[str, Any]:
+    """What a turn says besides role and content: tool calls, reasoning, tool-call ids, and whether it is trained."""
+    extras: dict[str, Any] = {}
+    if turn.get("tool_calls"):
+        calls = turn["tool_calls"]
+        if not isinstance(calls, list):
+            raise RowError(f"{where}.tool_calls", "a list of tool calls")
+        extras["tool_calls"] = message.get("tool_calls", []) + [tool_call(c, f"{where}.tool_calls[{k}]")
+                                                                for k, c in enumerate(calls)]
+    for key in ("reasoning_content", "reasoning", "thinking"):
+        if isinstance(turn.get(key), str) and turn[key]:
+            extras["reasoning_content"] = turn[key]
+    for key in ("tool_call_id", "name"):
+        if isinstance(turn.get(key), str) and message["role"] == "tool":
+            extras[key] = turn[key]
+    if "loss_weight" in turn:  # LLaMA-Factory: 0 or 1 per turn
+        weight = turn["loss_weight"]
+        if weight not in (0, 1) or isinstance(weight, bool):
+            raise RowError(f"{where}.loss_weight", f"{weight!r}: xtrain supervises a turn or not (0 or 1); a "
+                           "weighted loss is not supported, so use 0 or 1")
+        if message["role"] == "assistant" and weight == 0:
+            extras["train"] = False
+    if "train" in turn:  # Axolotl: true or false per turn
+        if not isinstance(turn["train"], bool):
+            raise RowError(f"{where}.train", f"true or false, got {turn['train']!r}")
+        if message["role"] == "assistant" and not turn["train"]:
+            extras["train"] = False
+    return extras

@@ -9,6 +9,7 @@ rows of each source, and pack them when asked. The output folder appears only wh
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -22,7 +23,7 @@ from ..artifacts import atomic_dir, write_json
 from ..errors import XtrainError
 from ..recipe import Data, DataSource, content_hash
 from .dedupe import NearDuplicates, exact_key
-from .formats import TEXT_ROLE, Chat, Normaliser, RowError, detect_format, drop_reason
+from .formats import TEXT_ROLE, Chat, DropRow, Normaliser, RowError, detect_format, drop_reason, other_kind
 from .report import preview, split_stats
 from .sources import read_source
 from .templates import ChatTemplate, resolve
@@ -57,6 +58,12 @@ def local_paths(data: Data, sources: list[Path]) -> list[Path | None]:
 def read_chats(source: DataSource, path: Path | None, seen: set[str], near: NearDuplicates | None):
     """Normalised, trainable, not-yet-seen chats of one source, and its stats."""
     found = read_source(source, path)
+    if kind := other_kind(found.rows[0]):
+        raise XtrainError(
+            f"{found.where(0)}: this source holds {kind[0]}, not supervised chat data: an SFT recipe would train on "
+            f"part of each row and drop what makes it {kind[0].split(' (')[0]}. It needs {kind[1]}, which this "
+            "version of xtrain does not train yet; remove the source from data.sources"
+        )
     fmt = source.format if source.format != "auto" else detect_format(found.rows[0])
     if fmt is None:
         raise XtrainError(
@@ -70,6 +77,9 @@ def read_chats(source: DataSource, path: Path | None, seen: set[str], near: Near
             chat = normaliser.read(row)
         except RowError as exc:
             raise XtrainError(f"{found.where(index)}: {exc}") from None
+        except DropRow as exc:
+            dropped[str(exc)] += 1
+            continue
         reason = drop_reason(chat)
         key = exact_key(chat) if reason is None else None
         if reason is None and key in seen:
@@ -81,7 +91,9 @@ def read_chats(source: DataSource, path: Path | None, seen: set[str], near: Near
             continue
         seen.add(key)
         chats.append(chat)
-    stats = {"format": fmt, "rows": len(found.rows), "weight": source.weight}
+    ignored = sorted(column for column in found.rows[0] if column not in set(normaliser.col.values()))
+    stats = {"format": fmt, "rows": len(found.rows), "weight": source.weight,
+             **({"ignored_columns": ignored} if ignored else {})}  # columns no format field reads (id, source, ...)
     return found.name, chats, dropped, stats
 
 
@@ -93,7 +105,9 @@ def tokenize(chats: list[Chat], tokenizer, template: ChatTemplate | None, data: 
     """
     from datasets import Dataset
 
-    dataset = Dataset.from_dict({"messages": [c["messages"] for c in chats], "tools": [c["tools"] for c in chats]})
+    # As JSON text: messages differ in their keys (tool calls, reasoning), which one Arrow schema would merge.
+    dataset = Dataset.from_dict({"messages": [json.dumps(c["messages"], ensure_ascii=False) for c in chats],
+                                 "tools": [c["tools"] for c in chats]})
     encoded = dataset.map(
         encode_batch,
         batched=True,

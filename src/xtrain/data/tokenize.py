@@ -71,9 +71,20 @@ def encode_chats(tokenizer, template: ChatTemplate, chats: list[list[dict]], too
             generation = [(start, end) for start, end in (trimmed(text, *span) for span in generation)
                           if text[start:end] != tokenizer.eos_token]
         texts.append(text)
-        spans.append(generation)
+        spans.append(supervised(messages, generation, template))
     encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
     return [(encoding.ids, assistant_mask(encoding, row_spans)) for encoding, row_spans in zip(encodings, spans)]
+
+
+def supervised(messages: list[dict], spans: list[tuple[int, int]], template: ChatTemplate) -> list[tuple[int, int]]:
+    """The spans of the assistant turns that train (a turn with `train: false` is context only)."""
+    turns = [message.get("train", True) for message in messages if message["role"] == "assistant"]
+    if all(turns):
+        return spans
+    if len(spans) != len(turns):
+        raise XtrainError(f"{template.label} marks {len(spans)} assistant spans in a chat of {len(turns)} assistant "
+                          "turns, so per-turn supervision (loss_weight / train) cannot tell which is which")
+    return [span for span, trains in zip(spans, turns) if trains]
 
 
 def trimmed(text: str, start: int, end: int) -> tuple[int, int]:
@@ -112,7 +123,8 @@ def encode_texts(tokenizer, texts: list[str]):
 
 
 def encode_batch(batch: dict[str, list], tokenizer, template: ChatTemplate | None, train_on_inputs: bool) -> dict[str, list]:
-    """`datasets.map` function: chat-form rows -> input_ids, assistant_masks (in row order)."""
+    """`datasets.map` function: chat-form rows (messages as JSON text) -> input_ids, assistant_masks (in row order)."""
+    batch = {**batch, "messages": [json.loads(messages) for messages in batch["messages"]]}
     is_text = [messages[0]["role"] == TEXT_ROLE for messages in batch["messages"]]
     chat_rows = [i for i, text in enumerate(is_text) if not text]
     text_rows = [i for i, text in enumerate(is_text) if text]
