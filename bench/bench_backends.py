@@ -19,10 +19,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from xtrain.artifacts import read_json, write_json  # noqa: E402
+from xtrain.artifacts import read_json  # noqa: E402
 from xtrain.data import prepare  # noqa: E402
 from xtrain.evaluate import evaluate  # noqa: E402
-from xtrain.plan import make_plan  # noqa: E402
+from xtrain.plan import make_plan, read_plan, write_plan  # noqa: E402
 from xtrain.recipe import Data, DataSource, Eval, Hardware, Train  # noqa: E402
 from xtrain.tiny_model import build_tiny_model  # noqa: E402
 from xtrain.train import run_training  # noqa: E402
@@ -38,8 +38,8 @@ def main(backends: list[str]) -> None:
     manifest = prepare([ROOT / "data/demo/chat.jsonl"], model, data, root / "prepared")
     shape = {"method": "lora", "global_batch_size": 4, "max_steps": 4, "learning_rate": 5e-3, "logging_steps": 1}
     plan = root / "plan.json"
-    write_json(plan, make_plan(model, manifest, Train(**shape), Hardware()))
-    print(f"plan precision: {read_json(plan)['precision']}")
+    write_plan(plan, make_plan(model, manifest, Train(**shape), Hardware()))
+    print(f"plan precision: {read_plan(plan).precision}")
     print("| backend | loss at steps 1-4 | tokens seen | train s | tokens/s | eval loss base -> tuned |")
     print("| --- | --- | --- | --- | --- | --- |")
     for backend in backends:

@@ -20,10 +20,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from xtrain.artifacts import read_json, write_json  # noqa: E402
+from xtrain.artifacts import read_json  # noqa: E402
 from xtrain.data import prepare  # noqa: E402
 from xtrain.evaluate import evaluate  # noqa: E402
-from xtrain.plan import make_plan  # noqa: E402
+from xtrain.plan import make_plan, read_plan, write_plan  # noqa: E402
 from xtrain.recipe import Data, DataSource, Eval, Hardware, Lora, Train  # noqa: E402
 from xtrain.tiny_model import build_tiny_model  # noqa: E402
 from xtrain.train import run_training  # noqa: E402
@@ -47,7 +47,7 @@ def main() -> None:
             train = Train(backend=backend, lora=Lora(r=8, alpha=16, dropout=0.0), global_batch_size=4, max_steps=4,
                           learning_rate=5e-3, logging_steps=1)
             plan = root / f"plan-{backend}-{packing}.json"
-            write_json(plan, make_plan(model, manifest, train, Hardware()))
+            write_plan(plan, make_plan(model, manifest, train, Hardware()))
             checkpoint = root / f"checkpoint-{backend}-{packing}"
             started = time.perf_counter()
             metrics = run_training(model_dir=model, prepared_dir=prepared, plan_path=plan, train=train,
@@ -56,7 +56,7 @@ def main() -> None:
             evaluate(model, checkpoint, prepared, Eval(batch_size=8), root / f"eval-{backend}-{packing}.json")
             report = read_json(root / f"eval-{backend}-{packing}.json")
             print(json.dumps({
-                "backend": backend, "packing": packing, "precision": read_json(plan)["precision"],
+                "backend": backend, "packing": packing, "precision": read_plan(plan).precision,
                 "losses": [round(entry["loss"], 4) for entry in metrics["loss"]],
                 "tokens_seen": metrics["tokens_seen"], "tuned_eval_loss": round(report["tuned_loss"], 4),
                 "wall_seconds_with_launch": round(seconds, 1),

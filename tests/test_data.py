@@ -311,7 +311,7 @@ def bad_source(tmp_path: Path, case: str) -> tuple[Path, str]:
         return path, f"{path}: unknown file type '.txt'"
     if case == "one-row-empty-split":
         path.write_text(VALID_LINES[0] + "\n")
-        return path, "split is empty (1 usable rows); add data or change data.eval_fraction"
+        return path, f"split is empty (1 usable rows; {path}: read 1, kept 1, dropped none); add data or change data.eval_fraction"
     raise AssertionError(case)
 
 

@@ -119,6 +119,11 @@ class DataSource(Section):
     weight: PositiveFloat = Field(
         1.0, description="Times each train row of this source is used: 2 doubles it, 0.5 keeps half (by hash)."
     )
+    replace: dict[str, str] = Field(
+        default_factory=dict,
+        description="Values for `{{name}}` placeholders in the text, e.g. {name: Ada, author: Lab} for an identity "
+        "set; a placeholder left unfilled in a source that has this map is an error.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -174,6 +179,16 @@ class Data(Section):
     )
     packing: bool = Field(
         False, description="Pack train rows best-fit-decreasing into seq_len sequences that do not attend to each other."
+    )
+    reasoning: Literal["keep", "drop", "inline"] = Field(
+        "keep",
+        description="Assistant reasoning (reasoning/thinking parts, `reasoning_content`): `keep` renders it through "
+        "the chat template (refused when the template cannot), `drop` removes it, `inline` writes it before the "
+        "answer as <think>...</think>.",
+    )
+    drop_warning: float = Field(
+        0.1, gt=0, le=1,
+        description="Warn (console and manifest `warnings`) when a source loses at least this share of its rows.",
     )
 
     @model_validator(mode="after")

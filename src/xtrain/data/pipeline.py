@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,75 @@ def local_paths(data: Data, sources: list[Path]) -> list[Path | None]:
     return [next(files) if source.path is not None else None for source in data.sources]
 
 
+PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+def fill_placeholders(chat: Chat, values: dict[str, str], unfilled: Counter) -> Chat:
+    """`{{name}}` placeholders filled from the source's `replace` map; any left are counted in `unfilled` (an
+    error when the source has a map: the user meant to fill them all)."""
+    def fill(text: str) -> str:
+        filled = PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), text) if values else text
+        for name in PLACEHOLDER.findall(filled):
+            if values:
+                raise XtrainError(f"placeholder {{{{{name}}}}} has no value in data.sources[].replace "
+                                  f"({', '.join(sorted(values))}); add `{name}` to it")
+            unfilled[name] += 1
+        return filled
+
+    messages = [{**m, "content": fill(m["content"])} if isinstance(m.get("content"), str) else m
+                for m in chat["messages"]]
+    return {**chat, "messages": messages}
+
+
+def apply_reasoning(chat: Chat, policy: str, template: ChatTemplate) -> Chat:
+    """Assistant reasoning per data.reasoning: rendered by the template (`keep`), removed, or written inline."""
+    if not any("reasoning_content" in m for m in chat["messages"]):
+        return chat
+    if policy == "keep":
+        if "reasoning_content" not in template.stock:
+            raise XtrainError(
+                f"{template.label} does not render assistant reasoning (reasoning/thinking parts, "
+                "`reasoning_content`), so it would be dropped: set data.reasoning: drop (train without it) or inline "
+                "(write it before the answer as <think>...</think>), or use a template that renders it (Qwen3, "
+                "DeepSeek-R1, GPT-OSS)"
+            )
+        return chat
+    messages = []
+    for message in chat["messages"]:
+        message = dict(message)
+        reasoning = message.pop("reasoning_content", None)
+        if reasoning and policy == "inline":
+            message["content"] = f"<think>\n{reasoning}\n</think>\n\n{message['content']}"
+        messages.append(message)
+    return {**chat, "messages": messages}
+
+
+def drop_warnings(per_source: dict, data: Data, table: pa.Table, origin: list[int], names: list[str]) -> list[str]:
+    """A warning for each source that lost data.drop_warning or more of its rows: how many, why, and what keeps them."""
+    lengths = pc.list_value_length(table["input_ids"]).to_numpy()
+    origin = np.asarray(origin)
+    warnings = []
+    for index, name in enumerate(names):
+        stats = per_source[name]
+        dropped = sum(stats["dropped"].values())
+        if not stats["rows"] or dropped / stats["rows"] < data.drop_warning:
+            continue
+        reasons = ", ".join(f"{count} {reason}" for reason, count in stats["dropped"].items())
+        advice = ""
+        if stats["dropped"].get("over seq_len"):
+            p95 = int(np.percentile(lengths[origin == index], 95)) if (origin == index).any() else 0
+            advice = (f"; its rows' 95th-percentile length is {p95} tokens: data.seq_len: {p95} keeps 95% of them, or "
+                      "data.over_length: truncate keeps them cut")
+        warnings.append(f"{name}: {dropped} of {stats['rows']} rows ({dropped / stats['rows']:.0%}) dropped "
+                        f"({reasons}){advice} (this warning: data.drop_warning {data.drop_warning})")
+    for name, stats in per_source.items():
+        if stats.get("unfilled_placeholders"):
+            found = ", ".join(f"{{{{{k}}}}} x{v}" for k, v in stats["unfilled_placeholders"].items())
+            warnings.append(f"{name}: placeholders left in the text ({found}) would be trained literally; fill them "
+                            "with data.sources[].replace")
+    return warnings
+
+
 def read_chats(source: DataSource, path: Path | None, seen: set[str], near: NearDuplicates | None):
     """Normalised, trainable, not-yet-seen chats of one source, and its stats."""
     found = read_source(source, path)
@@ -71,7 +141,7 @@ def read_chats(source: DataSource, path: Path | None, seen: set[str], near: Near
             "data.sources[].format (messages, sharegpt, alpaca, prompt_completion, text) and map names in `columns`"
         )
     normaliser = Normaliser(source, fmt)
-    chats, dropped = [], Counter()
+    chats, dropped, placeholders = [], Counter(), Counter()
     for index, row in enumerate(found.rows):
         try:
             chat = normaliser.read(row)
@@ -80,6 +150,10 @@ def read_chats(source: DataSource, path: Path | None, seen: set[str], near: Near
         except DropRow as exc:
             dropped[str(exc)] += 1
             continue
+        try:
+            chat = fill_placeholders(chat, source.replace, placeholders)
+        except XtrainError as exc:
+            raise XtrainError(f"{found.where(index)}: {exc}") from None
         reason = drop_reason(chat)
         key = exact_key(chat) if reason is None else None
         if reason is None and key in seen:
@@ -93,7 +167,8 @@ def read_chats(source: DataSource, path: Path | None, seen: set[str], near: Near
         chats.append(chat)
     ignored = sorted(column for column in found.rows[0] if column not in set(normaliser.col.values()))
     stats = {"format": fmt, "rows": len(found.rows), "weight": source.weight,
-             **({"ignored_columns": ignored} if ignored else {})}  # columns no format field reads (id, source, ...)
+             **({"ignored_columns": ignored} if ignored else {}),  # columns no format field reads (id, source, ...)
+             **({"unfilled_placeholders": dict(sorted(placeholders.items()))} if placeholders else {})}
     return found.name, chats, dropped, stats
 
 
@@ -171,6 +246,7 @@ def prepare(
     template, end_of_turn = None, None
     if any(chat["messages"][0]["role"] != TEXT_ROLE for chat in chats):
         template = resolve(tokenizer, data.chat_template, model_dir, masked=not data.train_on_inputs)
+        chats = [apply_reasoning(chat, data.reasoning, template) for chat in chats]
         if not data.train_on_inputs:
             end_of_turn = check_template(tokenizer, template)
         log.info("%s: assistant tokens found by %s", template.label, template.method)
@@ -195,10 +271,18 @@ def prepare(
         stats["dropped"] = dict(sorted(stats["dropped"].items()))
         stats.setdefault("truncated", 0)
 
+    warnings = drop_warnings(per_source, data, table, origin, names)
+    for warning in warnings:
+        log.warning("%s", warning)
     for name, rows in splits.items():
         if not rows:
             usable = sum(s["kept"] for s in per_source.values())
-            raise XtrainError(f"the {name} split is empty ({usable} usable rows); add data or change data.eval_fraction")
+            counts = "; ".join(f"{source}: read {stats['rows']}, kept {stats['kept']}, dropped "
+                               f"{', '.join(f'{n} {reason}' for reason, n in stats['dropped'].items()) or 'none'}"
+                               for source, stats in per_source.items())
+            drops = f", keep more rows ({'; '.join(warnings)})" if warnings else ""
+            raise XtrainError(f"the {name} split is empty ({usable} usable rows; {counts}); add data{drops} or change "
+                              "data.eval_fraction")
     tables = {
         name: table.take(pa.array(rows, pa.int64())).append_column(
             "row_hash", pa.array([row_hashes[r] for r in rows], pa.string())
@@ -219,6 +303,7 @@ def prepare(
         "train_on_inputs": data.train_on_inputs,
         "packing": data.packing,
         "splits": {name: split_stats(split, data.seq_len) for name, split in tables.items()},
+        **({"warnings": warnings} if warnings else {}),
     }
 
     with atomic_dir(out) as staging:
