@@ -306,9 +306,9 @@ def bad_source(tmp_path: Path, case: str) -> tuple[Path, str]:
         path.write_bytes(b"instruction,output\nHi,Hello\nCaf\xe9,Yes\n")
         return path, f"{path}:3: not UTF-8"
     if case == "unknown-file-type":
-        path = tmp_path / "rows.txt"
-        path.write_text("Hi\n")
-        return path, f"{path}: unknown file type '.txt'"
+        path = tmp_path / "rows.xml"
+        path.write_text("<rows/>\n")
+        return path, f"{path}: unknown file type '.xml'"
     if case == "one-row-empty-split":
         path.write_text(VALID_LINES[0] + "\n")
         return path, f"split is empty (1 usable rows; {path}: read 1, kept 1, dropped none); add data or change data.eval_fraction"

@@ -104,9 +104,14 @@ def test_real_text_documents_are_trained_on_every_token_and_end_with_eos(tiny_mo
     assert manifest["sources"][str(C4)]["format"] == "text"
     assert all(manifest["splits"][s]["supervised_fraction"] == 1.0 for s in SPLITS)
     texts = {json.loads(line)["text"] for line in C4.read_text().splitlines()}
-    for row in examples(tmp_path / "out")[:20]:
-        assert row["input_ids"][-1] == tokenizer.eos_token_id
-        assert tokenizer.decode(row["input_ids"][:-1]) in texts
+    assert manifest["sources"][str(C4)]["blocks"] > 0, "documents over seq_len are split into blocks, not dropped"
+    for row in examples(tmp_path / "out")[:40]:
+        ids = row["input_ids"]
+        if len(ids) == 4096 and ids[-1] != tokenizer.eos_token_id:
+            continue  # a block inside a long document
+        assert ids[-1] == tokenizer.eos_token_id
+        text = tokenizer.decode(ids[:-1])
+        assert text in texts or any(t.endswith(text) for t in texts), "a whole document, or a long one's last block"
 
 
 def test_batched_tokens_and_masks_equal_apply_chat_template_row_by_row(tokenizer):

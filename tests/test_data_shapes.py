@@ -177,3 +177,25 @@ def test_unused_columns_are_listed_as_ignored(models, tmp_path):
     rows = [{**openai_row(i), "id": i, "source": "web"} for i in range(30)]
     manifest, _ = run(models["qwen2_5"], rows, tmp_path)
     assert next(iter(manifest["sources"].values()))["ignored_columns"] == ["id", "source"]
+
+
+def test_a_plain_text_corpus_is_split_into_blocks_never_cut(models, tmp_path):
+    """A .txt corpus, one document per line, many longer than seq_len: ≥ 99% of its tokens are kept."""
+    from transformers import AutoTokenizer
+
+    lines = [" ".join(f"word{(i * 7 + j) % 50}" for j in range(40 + 30 * (i % 9))) for i in range(60)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(lines) + "\n")  # blank lines between documents are not documents
+    data = Data(sources=[DataSource(path=str(corpus))], seq_len=128, eval_fraction=0.1, block_stride=128)
+    manifest = prepare([corpus], models["qwen2_5"], data, tmp_path / "prepared")
+    tokenizer = AutoTokenizer.from_pretrained(models["qwen2_5"])
+    total = sum(len(tokenizer(line)["input_ids"]) + 1 for line in lines)  # + the end-of-sequence token
+    kept = sum(split["tokens"] for split in manifest["splits"].values())
+    stats = next(iter(manifest["sources"].values()))
+    assert stats["rows"] == 60 and stats["blocks"] > 0 and stats["kept"] == 60
+    assert kept / total >= 0.99 and max(split["max_len"] for split in manifest["splits"].values()) <= 128
+    whole = tmp_path / "whole.md"
+    whole.write_text("# Title\n\nA paragraph.\n")
+    data = Data(sources=[DataSource(path=str(whole), split="file")], seq_len=128, eval_fraction=0.5)
+    with pytest.raises(XtrainError, match="split is empty"):  # one document: it cannot fill two splits
+        prepare([whole], models["qwen2_5"], data, tmp_path / "whole")

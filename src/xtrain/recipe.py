@@ -100,11 +100,15 @@ class DataSource(Section):
 
     # Required unless `hub` is given (then it is null): a source with neither says "path is missing".
     path: str | None = Field(
-        description="Local .json (array), .jsonl, .csv or .parquet file, or a `datasets.save_to_disk` folder, "
+        description="Local .json (array), .jsonl, .csv, .parquet, .txt or .md file, or a `datasets.save_to_disk` "
+        "folder, "
         "relative to the project; null with `hub`.",
     )
     hub: str | None = Field(None, description="Hugging Face hub dataset id (needs the network or a local cache).")
-    split: str = Field("train", description="Split read from a hub dataset or a saved DatasetDict.")
+    split: str = Field(
+        "train", description="Split read from a hub dataset or a saved DatasetDict; for a .txt/.md corpus, `file` "
+        "makes the whole file one document (default: one per line).",
+    )
     format: Literal["auto", *SOURCE_COLUMNS] = Field(
         "auto", description="Row format: " + ", ".join(SOURCE_COLUMNS) + "; `auto` tells it from the first row."
     )
@@ -180,6 +184,10 @@ class Data(Section):
     packing: bool = Field(
         False, description="Pack train rows best-fit-decreasing into seq_len sequences that do not attend to each other."
     )
+    block_stride: PositiveInt | None = Field(
+        None, description="Plain documents (`text` format) longer than seq_len become blocks of seq_len tokens starting "
+        "every this many tokens (default seq_len: no overlap); no token is cut off.",
+    )
     reasoning: Literal["keep", "drop", "inline"] = Field(
         "keep",
         description="Assistant reasoning (reasoning/thinking parts, `reasoning_content`): `keep` renders it through "
@@ -190,6 +198,13 @@ class Data(Section):
         0.1, gt=0, le=1,
         description="Warn (console and manifest `warnings`) when a source loses at least this share of its rows.",
     )
+
+    @model_validator(mode="after")
+    def _stride_within_a_block(self) -> Data:
+        if self.block_stride is not None and self.block_stride > self.seq_len:
+            raise ValueError(f"block_stride {self.block_stride} is over seq_len {self.seq_len}: tokens between blocks "
+                             "would be skipped; use at most seq_len")
+        return self
 
     @model_validator(mode="after")
     def _each_source_once(self) -> Data:

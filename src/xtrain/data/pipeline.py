@@ -195,6 +195,33 @@ def tokenize(chats: list[Chat], tokenizer, template: ChatTemplate | None, data: 
     return encoded.with_format("arrow")[:]
 
 
+def split_documents(table: pa.Table, chats: list[Chat], origin: list[int], data: Data):
+    """Plain documents longer than data.seq_len as consecutive blocks of seq_len tokens (starting every
+    data.block_stride tokens), every token kept, rather than cut to their head or dropped. Returns the table, chats
+    and origins with one entry per row, and each row's block number (0: the first or only one)."""
+    stride = data.block_stride or data.seq_len
+    lengths = pc.list_value_length(table["input_ids"]).to_numpy()
+    long = [i for i, chat in enumerate(chats) if chat["messages"][0]["role"] == TEXT_ROLE and lengths[i] > data.seq_len]
+    if not long:
+        return table, chats, origin, [0] * len(chats)
+    rows = table.to_pylist()
+    out_rows, out_chats, out_origin, blocks = [], [], [], []
+    for row, chat, source in zip(rows, chats, origin):
+        length = len(row["input_ids"])
+        starts = ([0] if chat["messages"][0]["role"] != TEXT_ROLE or length <= data.seq_len else
+                  list(range(0, max(length - data.seq_len, 0) + stride, stride)))
+        for block, start in enumerate(starts):
+            end = min(start + data.seq_len, length)
+            out_rows.append({key: value[start:end] for key, value in row.items()})
+            out_chats.append(chat)
+            out_origin.append(source)
+            blocks.append(block)
+            if end == length:
+                break
+    log.info("%d long documents split into blocks of %d tokens (every %d)", len(long), data.seq_len, stride)
+    return pa.Table.from_pylist(out_rows, schema=table.schema), out_chats, out_origin, blocks
+
+
 def fit_lengths(table: pa.Table, seq_len: int, over_length: str) -> tuple[pa.Table, np.ndarray, list[str | None]]:
     """Truncate or mark over-length rows; rows with nothing left to train on are marked too."""
     lengths = pc.list_value_length(table["input_ids"]).to_numpy()
@@ -250,22 +277,27 @@ def prepare(
         if not data.train_on_inputs:
             end_of_turn = check_template(tokenizer, template)
         log.info("%s: assistant tokens found by %s", template.label, template.method)
-    table, over, reasons = fit_lengths(tokenize(chats, tokenizer, template, data), data.seq_len, data.over_length)
+    table, chats, origin, blocks = split_documents(tokenize(chats, tokenizer, template, data), chats, origin, data)
+    table, over, reasons = fit_lengths(table, data.seq_len, data.over_length)
 
     names = list(per_source)
     splits: dict[str, list[int]] = {name: [] for name in SPLITS}
     row_hashes: dict[int, str] = {}
-    for row, (chat, source_index, reason) in enumerate(zip(chats, origin, reasons)):
+    for row, (chat, source_index, reason, block) in enumerate(zip(chats, origin, reasons, blocks)):
         stats = per_source[names[source_index]]
+        if block:
+            stats["blocks"] = stats.get("blocks", 0) + 1
         if reason is not None:
             stats["dropped"][reason] += 1
             continue
         stats["truncated"] = stats.get("truncated", 0) + int(over[row])
-        row_hash = row_hashes[row] = content_hash(chat)
-        if is_eval_row(row_hash, data.eval_fraction):
+        # A document's blocks go to one split together (by the document's hash): none is held out half-seen.
+        document = content_hash(chat)
+        row_hashes[row] = content_hash([document, block]) if block else document
+        if is_eval_row(document, data.eval_fraction):
             splits["eval"].append(row)
         else:
-            splits["train"].extend([row] * repeats(row_hash, data.sources[source_index].weight))
+            splits["train"].extend([row] * repeats(document, data.sources[source_index].weight))
     for stats in per_source.values():
         stats["kept"] = stats["rows"] - sum(stats["dropped"].values())
         stats["dropped"] = dict(sorted(stats["dropped"].items()))

@@ -1,7 +1,7 @@
 """Reading one data source into plain rows, each with where it came from (file and line, or row number).
 
-Owns every way a user can hand us data: a local JSON array, JSON lines, CSV, Parquet, a folder written by
-`datasets.save_to_disk`, or a hub dataset id. Problems with the file itself (missing, not UTF-8, malformed
+Owns every way a user can hand us data: a local JSON array, JSON lines, CSV, Parquet, a plain-text corpus
+(.txt, .md), a folder written by `datasets.save_to_disk`, or a hub dataset id. Problems with the file itself (missing, not UTF-8, malformed
 JSON, empty) are `XtrainError`s that name the file and the line or row.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import XtrainError
 from ..recipe import DataSource
 
-FILE_TYPES = (".json", ".jsonl", ".csv", ".parquet")
+FILE_TYPES = (".json", ".jsonl", ".csv", ".parquet", ".txt", ".md")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ def read_source(source: DataSource, path: Path | None) -> SourceRows:
         raise XtrainError(f"{path}: data source not found; fix data.sources[].path in the recipe")
     elif path.is_dir():
         found = SourceRows(str(path), read_saved_dataset(path, source.split))
+    elif path.suffix in (".txt", ".md"):
+        found = read_documents(path, whole_file=source.split == "file")
     elif path.suffix in READERS:
         found = READERS[path.suffix](path)
     else:
@@ -86,6 +88,16 @@ def read_json_array(path: Path) -> SourceRows:
     if not isinstance(rows, list):
         raise XtrainError(f"{path}: a .json source is one array of row objects, got a {type(rows).__name__}")
     return SourceRows(str(path), rows)
+
+
+def read_documents(path: Path, whole_file: bool) -> SourceRows:
+    """A plain-text corpus as `text` rows: one document per non-blank line, or the whole file as one
+    (data.sources[].split: file)."""
+    text = read_text(path)
+    if whole_file:
+        return SourceRows(str(path), [{"text": text}] if text.strip() else [])
+    numbered = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    return SourceRows(str(path), [{"text": line} for _, line in numbered], [number for number, _ in numbered])
 
 
 def read_csv(path: Path) -> SourceRows:
