@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK
+
 from ..artifacts import atomic_dir, write_json
 from ..errors import XtrainError
 from ..recipe import Data, DataSource, content_hash
@@ -101,7 +103,7 @@ def apply_reasoning(chat: Chat, policy: str, template: ChatTemplate) -> Chat:
 
 def drop_warnings(per_source: dict, data: Data, table: pa.Table, origin: list[int], names: list[str]) -> list[str]:
     """A warning for each source that lost data.drop_warning or more of its rows: how many, why, and what keeps them."""
-    lengths = pc.list_value_length(table["input_ids"]).to_numpy()
+    lengths = pc.list_value_length(table[INPUT_IDS]).to_numpy()
     origin = np.asarray(origin)
     warnings = []
     for index, name in enumerate(names):
@@ -200,14 +202,14 @@ def split_documents(table: pa.Table, chats: list[Chat], origin: list[int], data:
     data.block_stride tokens), every token kept, rather than cut to their head or dropped. Returns the table, chats
     and origins with one entry per row, and each row's block number (0: the first or only one)."""
     stride = data.block_stride or data.seq_len
-    lengths = pc.list_value_length(table["input_ids"]).to_numpy()
+    lengths = pc.list_value_length(table[INPUT_IDS]).to_numpy()
     long = [i for i, chat in enumerate(chats) if chat["messages"][0]["role"] == TEXT_ROLE and lengths[i] > data.seq_len]
     if not long:
         return table, chats, origin, [0] * len(chats)
     rows = table.to_pylist()
     out_rows, out_chats, out_origin, blocks = [], [], [], []
     for row, chat, source in zip(rows, chats, origin):
-        length = len(row["input_ids"])
+        length = len(row[INPUT_IDS])
         starts = ([0] if chat["messages"][0]["role"] != TEXT_ROLE or length <= data.seq_len else
                   list(range(0, max(length - data.seq_len, 0) + stride, stride)))
         for block, start in enumerate(starts):
@@ -224,8 +226,8 @@ def split_documents(table: pa.Table, chats: list[Chat], origin: list[int], data:
 
 def fit_lengths(table: pa.Table, seq_len: int, over_length: str) -> tuple[pa.Table, np.ndarray, list[str | None]]:
     """Truncate or mark over-length rows; rows with nothing left to train on are marked too."""
-    lengths = pc.list_value_length(table["input_ids"]).to_numpy()
-    masks = table["assistant_masks"].combine_chunks()
+    lengths = pc.list_value_length(table[INPUT_IDS]).to_numpy()
+    masks = table[LOSS_MASK].combine_chunks()
     ends = masks.offsets.to_numpy()
     cumulative = np.concatenate([[0], np.cumsum(masks.values.to_numpy(), dtype=np.int64)])
     kept_len = np.minimum(lengths, seq_len) if over_length == "truncate" else lengths
@@ -244,7 +246,7 @@ def pack(table: pa.Table, seq_len: int):
     from datasets import Dataset
     from trl.data_utils import pack_dataset
 
-    dataset = Dataset(table.select(["input_ids", "assistant_masks"]))
+    dataset = Dataset(table.select([INPUT_IDS, LOSS_MASK]))
     return pack_dataset(dataset, seq_len, strategy="bfd", map_kwargs={"batch_size": len(dataset)}).with_format(
         "arrow"
     )[:]

@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, SEQ_LENGTHS, is_packed
+
 HISTOGRAM_BINS = 16
 PREVIEW_ROWS = 3
 TRAINED = ("⟪", "⟫")  # marks around tokens the loss is computed on
@@ -15,11 +17,11 @@ TRAINED = ("⟪", "⟫")  # marks around tokens the loss is computed on
 
 def split_stats(split: pa.Table, seq_len: int) -> dict[str, Any]:
     """Counts of one split; `rows` are the sequences a trainer sees (packed bins when packed)."""
-    lengths = pc.list_value_length(split["input_ids"]).to_numpy()
-    packed = "seq_lengths" in split.column_names
-    example_lengths = pc.list_flatten(split["seq_lengths"]).to_numpy() if packed else lengths
+    lengths = pc.list_value_length(split[INPUT_IDS]).to_numpy()
+    packed = is_packed(split.column_names)
+    example_lengths = pc.list_flatten(split[SEQ_LENGTHS]).to_numpy() if packed else lengths
     tokens = int(lengths.sum())
-    supervised = int(pc.sum(pc.list_flatten(split["assistant_masks"])).as_py() or 0)
+    supervised = int(pc.sum(pc.list_flatten(split[LOSS_MASK])).as_py() or 0)
     counts, edges = np.histogram(example_lengths, bins=HISTOGRAM_BINS, range=(0, seq_len))
     stats = {
         "rows": len(lengths),
@@ -56,7 +58,7 @@ def preview(examples: pa.Table, tokenizer) -> str:
     )
     blocks = [
         f"=== example {i + 1}: {len(row['input_ids'])} tokens, {sum(row['assistant_masks'])} trained ===\n"
-        + render_row(row["input_ids"], row["assistant_masks"], tokenizer)
+        + render_row(row[INPUT_IDS], row[LOSS_MASK], tokenizer)
         for i, row in enumerate(head)
     ]
     return header + "\n\n".join(blocks) + "\n"

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK
+
 from ..errors import XtrainError
 from .formats import TEXT_ROLE
 from .templates import ChatTemplate, assistant_spans
@@ -137,6 +139,6 @@ def encode_batch(batch: dict[str, list], tokenizer, template: ChatTemplate | Non
         encoded.update(zip(text_rows, encode_texts(tokenizer, [batch["messages"][i][0]["content"] for i in text_rows])))
     rows = [encoded[i] for i in range(len(is_text))]
     return {
-        "input_ids": [ids for ids, _ in rows],
-        "assistant_masks": [[1] * len(ids) if train_on_inputs else mask for ids, mask in rows],
+        INPUT_IDS: [ids for ids, _ in rows],
+        LOSS_MASK: [[1] * len(ids) if train_on_inputs else mask for ids, mask in rows],
     }
