@@ -49,6 +49,8 @@ def project(tmp_path_factory) -> Path:
     (root / "models/base/config.json").write_text("{}")
     (root / "data").mkdir()
     (root / "data/chat.jsonl").write_text(CHAT)
+    (root / "data/unreadable.jsonl").write_text('{"messages": [{"role": "human", "content": "Hi"}]}\n')
+    (root / "data/pairs.jsonl").write_text('{"prompt": "Hi", "chosen": "Hello", "rejected": "Go away"}\n')
     (root / "recipes").mkdir()
     outside = root.parent / f"{root.name}-outside"
     (outside / "model").mkdir(parents=True)
@@ -115,6 +117,10 @@ BAD_RECIPES = [
      "data.sources[0].path", "add its folder to `allowed_paths`"),
     ("data-path-symlink-outside", "r", {"data": {"sources": [{"path": "data/linked.jsonl"}]}},
      "data.sources[0].path", "outside the project"),
+    ("data-rows-do-not-parse", "r", {"data": {"sources": [{"path": "data/unreadable.jsonl"}]}},
+     "data/unreadable.jsonl:1: field `messages[0].role`", "map others with data.sources[].roles"),
+    ("preference-data-in-sft-recipe", "r", {"data": {"sources": [{"path": "data/pairs.jsonl"}]}},
+     "data/pairs.jsonl:1: this source holds preference pairs", "train.objective: dpo or orpo"),
     ("data-path-missing", "r", {"data": {"sources": [{"path": "data/nosuch.jsonl"}]}}, "data.sources[0].path",
      "fix the path or create the file"),
     ("recipe-name-with-dotdot", "..up", {}, "'..up'", "rename the file"),

@@ -1,5 +1,5 @@
-"""Everything checked about a recipe before any job runs: its schema, its paths, its batch layout and
-what its backend can honour.
+"""Everything checked about a recipe before any job runs: its schema, its paths, its model, its data (each local
+source's format is detected and its first rows parse), its batch layout and what its backend can honour.
 
 The workflow (rules/common.smk) runs `preflight` on every recipe as it starts, so a mistake costs no
 compute; a failure is a `RecipeError` that names the recipe file, the field and what to do.
@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from . import backends
+from .data.pipeline import check_first_rows
 from .errors import XtrainError
 from .hub import model_folder
 from .paths import check_recipe_paths
@@ -27,6 +28,9 @@ def preflight(path: str | Path, project: Path, allowed: Iterable[str] = (), buil
     check_recipe_paths(recipe, str(path), project, allowed, built)
     try:
         model_folder(recipe.model)  # a hub model must be in the cache
+        for source in recipe.data.sources:
+            if source.path is not None and (project / source.path).exists():
+                check_first_rows(source, project / source.path)
         check_micro_batch(recipe.train, recipe.hardware)
         backends.check(recipe.train.backend, recipe.train, recipe.hardware, packed=recipe.data.packing)
     except XtrainError as exc:  # these name the field; the recipe file is added here

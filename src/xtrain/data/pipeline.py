@@ -28,7 +28,7 @@ from ..recipe import Data, DataSource, content_hash
 from .dedupe import NearDuplicates, exact_key
 from .formats import TEXT_ROLE, Chat, DropRow, Normaliser, RowError, detect_format, drop_reason, other_kind
 from .report import preview, split_stats
-from .sources import read_source
+from .sources import SourceRows, read_source
 from .templates import ChatTemplate, resolve
 from .tokenize import check_template, encode_batch
 
@@ -127,9 +127,9 @@ def drop_warnings(per_source: dict, data: Data, table: pa.Table, origin: list[in
     return warnings
 
 
-def read_chats(source: DataSource, path: Path | None, seen: set[str], near: NearDuplicates | None):
-    """Normalised, trainable, not-yet-seen chats of one source, and its stats."""
-    found = read_source(source, path)
+def source_format(source: DataSource, found: SourceRows) -> str:
+    """The row format of a source (detected from its first row unless set), once its rows are known to be
+    supervised chat data rather than preference or multimodal data."""
     if kind := other_kind(found.rows[0]):
         raise XtrainError(
             f"{found.where(0)}: this source holds {kind[0]}, not supervised chat data: an SFT recipe would train on "
@@ -142,6 +142,28 @@ def read_chats(source: DataSource, path: Path | None, seen: set[str], near: Near
             f"{found.where(0)}: cannot tell the format from the columns {sorted(found.rows[0])}; set "
             "data.sources[].format (messages, sharegpt, alpaca, prompt_completion, text) and map names in `columns`"
         )
+    return fmt
+
+
+def check_first_rows(source: DataSource, path: Path, rows: int = 20) -> str:
+    """Before any job: a local source's first rows are read, its format detected, and those rows parsed; the format."""
+    found = read_source(source, path, limit=rows)
+    fmt = source_format(source, found)
+    normaliser = Normaliser(source, fmt)
+    for index, row in enumerate(found.rows):
+        try:
+            normaliser.read(row)
+        except RowError as exc:
+            raise XtrainError(f"{found.where(index)}: {exc}") from None
+        except DropRow:
+            continue
+    return fmt
+
+
+def read_chats(source: DataSource, path: Path | None, seen: set[str], near: NearDuplicates | None):
+    """Normalised, trainable, not-yet-seen chats of one source, and its stats."""
+    found = read_source(source, path)
+    fmt = source_format(source, found)
     normaliser = Normaliser(source, fmt)
     chats, dropped, placeholders = [], Counter(), Counter()
     for index, row in enumerate(found.rows):

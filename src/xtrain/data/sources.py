@@ -30,8 +30,9 @@ class SourceRows:
         return f"{self.name}:{self.lines[index]}" if self.lines else f"{self.name} row {index + 1}"
 
 
-def read_source(source: DataSource, path: Path | None) -> SourceRows:
-    """All rows of `source`; `path` is where its local file is (None for a hub source)."""
+def read_source(source: DataSource, path: Path | None, limit: int | None = None) -> SourceRows:
+    """All rows of `source` (the first `limit` only, where the file type lets them be read alone); `path` is where
+    its local file is (None for a hub source)."""
     if source.hub is not None:
         found = SourceRows(source.name, read_hub(source.hub, source.split))
     elif not path.exists():
@@ -39,7 +40,9 @@ def read_source(source: DataSource, path: Path | None) -> SourceRows:
     elif path.is_dir():
         found = SourceRows(str(path), read_saved_dataset(path, source.split))
     elif path.suffix in (".txt", ".md"):
-        found = read_documents(path, whole_file=source.split == "file")
+        found = read_documents(path, whole_file=source.split == "file", limit=limit)
+    elif path.suffix == ".jsonl":
+        found = read_jsonl(path, limit)
     elif path.suffix in READERS:
         found = READERS[path.suffix](path)
     else:
@@ -61,9 +64,11 @@ def read_text(path: Path) -> str:
         raise XtrainError(f"{path}:{line}: not UTF-8 (byte {exc.start}); re-encode the file as UTF-8") from None
 
 
-def read_jsonl(path: Path) -> SourceRows:
+def read_jsonl(path: Path, limit: int | None = None) -> SourceRows:
     rows, lines = [], []
     for line_no, line in enumerate(read_text(path).splitlines(), start=1):
+        if len(rows) == limit:
+            break
         if not line.strip():
             continue
         try:
@@ -90,13 +95,13 @@ def read_json_array(path: Path) -> SourceRows:
     return SourceRows(str(path), rows)
 
 
-def read_documents(path: Path, whole_file: bool) -> SourceRows:
+def read_documents(path: Path, whole_file: bool, limit: int | None = None) -> SourceRows:
     """A plain-text corpus as `text` rows: one document per non-blank line, or the whole file as one
     (data.sources[].split: file)."""
     text = read_text(path)
     if whole_file:
         return SourceRows(str(path), [{"text": text}] if text.strip() else [])
-    numbered = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    numbered = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()][:limit]
     return SourceRows(str(path), [{"text": line} for _, line in numbered], [number for number, _ in numbered])
 
 
