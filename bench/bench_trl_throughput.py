@@ -73,7 +73,7 @@ def clock() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def lane_rates(model: Path, prepared: Path, method: str, precision: str, work: Path) -> dict[str, float]:
+def backend_rates(model: Path, prepared: Path, method: str, precision: str, work: Path) -> dict[str, float]:
     from transformers import TrainerCallback
 
     import xtrain.backends.trl as backend
@@ -162,7 +162,7 @@ def main() -> None:
         folder = Path(folder)
         if side == "backend":
             with tempfile.TemporaryDirectory() as work:
-                measured = lane_rates(folder / "27m", folder / "prepared", method, precision, Path(work))
+                measured = backend_rates(folder / "27m", folder / "prepared", method, precision, Path(work))
         else:
             measured = loop_rates(folder / "27m", folder / "prepared", method, precision)
         print(json.dumps(measured))

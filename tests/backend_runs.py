@@ -41,7 +41,7 @@ def ensure_backend_env(backend: str) -> None:
             build(spec, target, backends[backend].get("uninstall", []))
 
 
-def train_tiny_recipe_in_lane(backend: str, reference: dict, tiny_model, tmp_path, monkeypatch) -> dict:
+def train_tiny_recipe_with_backend(backend: str, reference: dict, tiny_model, tmp_path, monkeypatch) -> dict:
     """Train the tiny LoRA recipe in the backend's own environment and check what every such backend promises: the
     checkpoint contract, four logged steps, trl_cpu's first-step loss within 2% (the same rows in the first
     batch and LoRA's B at zero make it the base model's loss on that batch) and a tuned model better than

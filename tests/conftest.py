@@ -74,6 +74,26 @@ def sample_plan(**changes) -> Plan:
     return Plan.model_validate(data)
 
 
+def supervised_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
+    """The runs of consecutive supervised tokens of a prepared row, in order."""
+    runs, current = [], []
+    for token, keep in zip(ids, mask, strict=True):
+        if keep:
+            current.append(token)
+        elif current:
+            runs, current = runs + [current], []
+    return runs + ([current] if current else [])
+
+
+@pytest.fixture(scope="session")
+def prepared(tiny_model, tmp_path_factory) -> Path:
+    """The demo data prepared for the demo model at seq_len 128 (as build_run prepares it)."""
+    data = Data(sources=[DataSource(path=str(REPO / "data/demo/chat.jsonl"))], seq_len=128, eval_fraction=0.1)
+    out = tmp_path_factory.mktemp("demo-prepared") / "prepared"
+    prepare([Path(data.sources[0].path)], tiny_model, data, out)
+    return out
+
+
 def build_run(tmp_path: Path, model_dir: Path, train: Train, hardware: Hardware | None = None) -> dict[str, Path]:
     """prepare -> plan -> train -> evaluate through the library, on the demo data at seq_len 128."""
     data = Data(sources=[DataSource(path=str(REPO / "data/demo/chat.jsonl"))], seq_len=128, eval_fraction=0.1)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 import yaml
-from backend_runs import ensure_backend_env, train_tiny_recipe_in_lane, trl_cpu_reference  # noqa: F401 (a fixture)
+from backend_runs import ensure_backend_env, train_tiny_recipe_with_backend, trl_cpu_reference  # noqa: F401 (a fixture)
 from backend_runs import tiny_train as backend_train
 from conftest import REPO, sample_plan
 
@@ -131,4 +131,4 @@ def test_axolotl_trains_the_tiny_recipe_like_trl_cpu(trl_cpu_reference, tiny_mod
     # Same prepared tokens and labels in the same order (Axolotl's own shuffle is off), the same seed and the same
     # length-grouped sampler (Axolotl's trainer is transformers' Trainer): step 1's loss was seen equal to 5
     # digits, 6.98145, on 2026-12-02; with Axolotl's shuffle on it was 6.97258, another batch.
-    train_tiny_recipe_in_lane("axolotl", trl_cpu_reference, tiny_model, tmp_path, monkeypatch)
+    train_tiny_recipe_with_backend("axolotl", trl_cpu_reference, tiny_model, tmp_path, monkeypatch)

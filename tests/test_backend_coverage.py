@@ -6,18 +6,15 @@ A new recipe field fails these tests until each backend's `fields` names it."""
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import pytest
-from conftest import REPO
 from pydantic import BaseModel
 
 from xtrain.artifacts import read_json
 from xtrain.backends import REGISTRY, TrainJob
 from xtrain.backends.base import refusal
-from xtrain.data import prepare
 from xtrain.plan import make_plan
-from xtrain.recipe import Data, DataSource, Hardware, Lora, Recipe, Train, stage_params
+from xtrain.recipe import Hardware, Lora, Recipe, Train, stage_params
 
 CPU, CUDA, ROCM = Hardware(), Hardware(accelerator="cuda", gpus=1), Hardware(accelerator="rocm", gpus=8)
 # A value other than the default for each field a backend maps into its native config or launch.
@@ -70,14 +67,6 @@ def at(value, path: str):
     for key in path.split("."):
         value = value.get(key, MISSING) if isinstance(value, dict) else MISSING
     return value
-
-
-@pytest.fixture(scope="module")
-def prepared(tiny_model, tmp_path_factory) -> Path:
-    data = Data(sources=[DataSource(path=str(REPO / "data/demo/chat.jsonl"))], seq_len=128, eval_fraction=0.1)
-    out = tmp_path_factory.mktemp("coverage") / "prepared"
-    prepare([Path(data.sources[0].path)], tiny_model, data, out)
-    return out
 
 
 @pytest.fixture(scope="module")

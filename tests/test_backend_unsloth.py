@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from backend_runs import tiny_train as backend_train
-from backend_runs import train_tiny_recipe_in_lane, trl_cpu_reference  # noqa: F401 (a fixture)
+from backend_runs import train_tiny_recipe_with_backend, trl_cpu_reference  # noqa: F401 (a fixture)
 
 from xtrain import backends
 from xtrain.backends import get_backend
@@ -31,5 +31,5 @@ def test_unsloth_trains_the_tiny_recipe_like_trl_cpu(trl_cpu_reference, tiny_mod
     # Both backends build SFTTrainer from the same `sft_arguments` on the same prepared rows with the same seed:
     # step 1's loss was seen equal to 5 digits on 2026-12-02 (on the CPU Unsloth falls back to transformers'
     # forward, with its chunked cross-entropy).
-    metrics = train_tiny_recipe_in_lane("unsloth", trl_cpu_reference, tiny_model, tmp_path, monkeypatch)
+    metrics = train_tiny_recipe_with_backend("unsloth", trl_cpu_reference, tiny_model, tmp_path, monkeypatch)
     assert metrics["tokens_seen"] == trl_cpu_reference["tokens_seen"], "the same rows, the same non-padding tokens"

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow  # drives real snakemake (dry runs)
 DEMO = (REPO / "recipes" / "demo.yaml").read_text()
 
 
-def test_each_lane_trains_after_its_own_environment_is_built(tmp_path):
+def test_each_backend_trains_after_its_own_environment_is_built(tmp_path):
     project = copy_workflow(tmp_path, {backend: DEMO.replace("backend: trl_cpu", f"backend: {backend}")
                                        for backend in ("axolotl", "unsloth")})
     result = snakemake(project, "-n", "checkpoints/axolotl", "checkpoints/unsloth")
@@ -20,7 +20,7 @@ def test_each_lane_trains_after_its_own_environment_is_built(tmp_path):
     assert "output: .venvs/axolotl/ready.json" in output and "output: .venvs/unsloth/ready.json" in output
 
 
-def test_a_recipe_the_lane_refuses_stops_the_workflow_before_any_job(tmp_path):
+def test_a_recipe_the_backend_refuses_stops_the_workflow_before_any_job(tmp_path):
     refused = DEMO.replace("backend: trl_cpu", "backend: axolotl").replace("accelerator: cpu\n  gpus: 0",
                                                                           "accelerator: cuda\n  gpus: 1")
     project = copy_workflow(tmp_path, {"gpu": refused})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO
+from conftest import REPO, supervised_runs
 
 from xtrain.data import prepare
 from xtrain.data.templates import trl_template
@@ -83,16 +83,7 @@ def supervised_texts(model: Path, prepared: Path) -> list[list[str]]:
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     rows = pq.read_table(prepared / "train.parquet").to_pylist()
-    out = []
-    for row in rows:
-        runs, current = [], []
-        for token, mask in zip(row["input_ids"], row["assistant_masks"]):
-            if mask:
-                current.append(token)
-            elif current:
-                runs, current = runs + [current], []
-        out.append([tokenizer.decode(run) for run in runs + ([current] if current else [])])
-    return out
+    return [[tokenizer.decode(run) for run in supervised_runs(row["input_ids"], row["assistant_masks"])] for row in rows]
 
 
 def test_llamafactory_typed_parts_with_reasoning_and_loss_weight(models, tmp_path):

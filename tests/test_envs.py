@@ -32,7 +32,7 @@ def test_a_spec_without_a_torch_pin_is_refused_before_anything_is_built(tmp_path
     assert not (tmp_path / "venv").exists()
 
 
-def test_a_lane_runs_here_when_this_interpreter_has_its_package():
+def test_a_backend_runs_here_when_this_interpreter_has_its_package():
     assert backend_python("trl_local", "trl") == sys.executable
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO
+from conftest import REPO, supervised_runs
 
 from xtrain.artifacts import read_json
 from xtrain.data import prepare
@@ -116,15 +116,7 @@ def test_only_each_answer_and_its_end_of_turn_token_are_trained(families, family
     tokenizer = AutoTokenizer.from_pretrained(built["model"])
     table = pq.read_table(built["prepared"] / "train.parquet").to_pylist()
     for row in table:
-        runs, current = [], []
-        for token, mask in zip(row["input_ids"], row["assistant_masks"]):
-            if mask:
-                current.append(token)
-            elif current:
-                runs.append(current)
-                current = []
-        runs += [current] if current else []
-        texts = [tokenizer.decode(run) for run in runs]
+        texts = [tokenizer.decode(run) for run in supervised_runs(row["input_ids"], row["assistant_masks"])]
         assert texts and all(text.strip() == REASONING.get(family, "") + ANSWER + end_of_turn for text in texts), texts
         assert len(texts) == tokenizer.decode(row["input_ids"]).count(ANSWER)
 

@@ -8,26 +8,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
 
 from xtrain import backends
 from xtrain.artifacts import read_json
 from xtrain.backends import TrainJob, get_backend
 from xtrain.backends.primus import launch_command, lora_targets
-from xtrain.data import prepare
 from xtrain.errors import XtrainError
 from xtrain.plan import make_plan
-from xtrain.recipe import Data, DataSource, Hardware, Lora, Train
+from xtrain.recipe import Hardware, Lora, Train
 
 ROCM = Hardware(accelerator="rocm", gpus=8, gpu_model="mi300x")
-
-
-@pytest.fixture(scope="module")
-def prepared(tiny_model, tmp_path_factory) -> Path:
-    data = Data(sources=[DataSource(path=str(REPO / "data/demo/chat.jsonl"))], seq_len=128, eval_fraction=0.1)
-    out = tmp_path_factory.mktemp("primus") / "prepared"
-    prepare([Path(data.sources[0].path)], tiny_model, data, out)
-    return out
 
 
 def written_config(tiny_model, prepared, tmp_path, train: Train, hardware: Hardware = ROCM) -> tuple[dict, dict, dict]:

@@ -241,7 +241,7 @@ def test_lr_scheduler_walks_transformers_curve(schedule):
     assert curves[0] == pytest.approx(curves[1], abs=1e-12)
 
 
-def test_a_non_finite_loss_stops_the_lane_before_any_checkpoint(tiny_model, packed_prepared, tmp_path, monkeypatch):
+def test_a_non_finite_loss_stops_the_backend_before_any_checkpoint(tiny_model, packed_prepared, tmp_path, monkeypatch):
     """torchtune itself steps on NaN gradients; the backend reads its log and refuses to export."""
     from xtrain.plan import make_plan
 

@@ -34,10 +34,25 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class Model(Section):
+class Located(Section):
+    """A section that names either a local `path` or a `hub` id: `path` is required unless `hub` is given (then it
+    is null), so a section with neither says "path is missing"."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_path_with_hub(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("hub") is not None and "path" not in data:
+            return {**data, "path": None}
+        return data
+
+    def check_one_location(self, local: str, hub: str) -> None:
+        if (self.path is None) == (self.hub is None):
+            raise ValueError(f"give exactly one of `path` ({local}) and `hub` ({hub})")
+
+
+class Model(Located):
     """The base model to fine-tune: a local Hugging Face folder (config, tokenizer, weights), or a hub id."""
 
-    # Required unless `hub` is given (then it is null): a model with neither says "path is missing".
     path: str | None = Field(
         description="Folder with config.json, tokenizer and weights, relative to the project (folders outside it "
         "only when config/config.yaml lists them in `allowed_paths`); null with `hub`."
@@ -58,17 +73,9 @@ class Model(Section):
         "a warning is logged and the checkpoint manifest records it.",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_path_with_hub(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("hub") is not None and "path" not in data:
-            return {**data, "path": None}
-        return data
-
     @model_validator(mode="after")
     def _one_location(self) -> Model:
-        if (self.path is None) == (self.hub is None):
-            raise ValueError("give exactly one of `path` (a local model folder) and `hub` (a hub model id)")
+        self.check_one_location("a local model folder", "a hub model id")
         if self.revision is not None and self.hub is None:
             raise ValueError("`revision` picks a version of a `hub` model: remove it, or give `hub`")
         return self
@@ -95,10 +102,9 @@ CHAT_TEMPLATE_FAMILIES = ("llama3", "llama3_1", "llama3_2", "qwen2_5", "qwen3", 
 CHAT_TEMPLATES = ("tokenizer", "chatml", *CHAT_TEMPLATE_FAMILIES)
 
 
-class DataSource(Section):
+class DataSource(Located):
     """One dataset: a local file or folder, or a hub id; its row format and how its names map to ours."""
 
-    # Required unless `hub` is given (then it is null): a source with neither says "path is missing".
     path: str | None = Field(
         description="Local .json (array), .jsonl, .csv, .parquet, .txt or .md file, or a `datasets.save_to_disk` "
         "folder, "
@@ -129,17 +135,9 @@ class DataSource(Section):
         "set; a placeholder left unfilled in a source that has this map is an error.",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_path_with_hub(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("hub") is not None and "path" not in data:
-            return {**data, "path": None}
-        return data
-
     @model_validator(mode="after")
     def _one_location_and_known_names(self) -> DataSource:
-        if (self.path is None) == (self.hub is None):
-            raise ValueError("give exactly one of `path` (a local file or folder) and `hub` (a hub dataset id)")
+        self.check_one_location("a local file or folder", "a hub dataset id")
         if self.columns and self.format == "auto":
             raise ValueError("`columns` renames the columns of one format: set `format` too")
         allowed = SOURCE_COLUMNS.get(self.format, ())

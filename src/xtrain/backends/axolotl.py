@@ -22,7 +22,7 @@ from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import Capabilities, TrainJob, TrainResult, save_steps
+from .base import ONE_CPU_PROCESS, PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, save_steps
 
 log = logging.getLogger(__name__)
 
@@ -143,14 +143,8 @@ class Axolotl:
         "train.logging_steps": "config.logging_steps",
         "train.checkpoint_minutes": "config.save_steps",
         "train.seed": "config.seed",
-        "hardware.accelerator": "capabilities",
-        "hardware.gpus": "capabilities",
-        "hardware.nodes": "capabilities",
-        "hardware.processes": "capabilities",
-        "hardware.gpu_model": "plan",
-        "hardware.gpu_memory_gb": "plan",
-        "hardware.cpus": "plan",
-        "hardware.host_memory_gb": "plan",
+        **ONE_CPU_PROCESS,
+        **PLANNED_HARDWARE,
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:

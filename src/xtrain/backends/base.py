@@ -81,6 +81,14 @@ class Capabilities:
     resume: bool  # continues an interrupted run from its last trainer checkpoint
 
 
+# Field maps most backends share: the hardware the plan sizes memory, time and resources for, and the
+# placement fields of a backend that trains in one CPU process (only those values pass its capabilities).
+PLANNED_HARDWARE = {field: "plan" for field in ("hardware.gpu_model", "hardware.gpu_memory_gb", "hardware.cpus",
+                                                "hardware.host_memory_gb")}
+ONE_CPU_PROCESS = {field: "capabilities" for field in ("hardware.accelerator", "hardware.gpus", "hardware.nodes",
+                                                       "hardware.processes")}
+
+
 class Backend(Protocol):
     name: str
     capabilities: Capabilities

@@ -21,7 +21,7 @@ from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, labels, split_fil
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import Capabilities, TrainJob, TrainResult, grouped_lora_targets, save_steps
+from .base import PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, grouped_lora_targets, save_steps
 
 IMAGE = "rocm/primus:v26.8"  # the container launcher's default image (Primus CLI reference)
 # Megatron Bridge recipe module and flavor per Hugging Face model_type: the flavor supplies optimizer and
@@ -199,10 +199,7 @@ class Primus:
         "hardware.gpus": "plan",
         "hardware.nodes": "argv",
         "hardware.processes": "capabilities",
-        "hardware.gpu_model": "plan",
-        "hardware.gpu_memory_gb": "plan",
-        "hardware.cpus": "plan",
-        "hardware.host_memory_gb": "plan",
+        **PLANNED_HARDWARE,
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:

@@ -28,7 +28,7 @@ from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import Capabilities, TrainJob, TrainResult, grouped_lora_targets
+from .base import PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, grouped_lora_targets
 
 log = logging.getLogger(__name__)
 
@@ -306,10 +306,7 @@ class Torchtune:
         "hardware.gpus": "capabilities",
         "hardware.nodes": "capabilities",
         "hardware.processes": "capabilities",
-        "hardware.gpu_model": "plan",
-        "hardware.gpu_memory_gb": "plan",
-        "hardware.cpus": "plan",
-        "hardware.host_memory_gb": "plan",
+        **PLANNED_HARDWARE,
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:

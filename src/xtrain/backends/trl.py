@@ -17,7 +17,7 @@ from xtrain_backend_side.trainer_parts import save_every, step_grouped
 
 from ..errors import XtrainError
 from . import guards
-from .base import TrainJob, TrainResult
+from .base import PLANNED_HARDWARE, TrainJob, TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,7 @@ TRL_FIELDS = {
     "train.logging_steps": "config.logging_steps",
     "train.checkpoint_minutes": "save_every_seconds",
     "train.seed": "config.seed",
-    "hardware.gpu_model": "plan",
-    "hardware.gpu_memory_gb": "plan",
-    "hardware.cpus": "plan",
-    "hardware.host_memory_gb": "plan",
+    **PLANNED_HARDWARE,
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..recipe import Hardware, Train
-from .base import Capabilities, TrainJob, TrainResult
+from .base import ONE_CPU_PROCESS, Capabilities, TrainJob, TrainResult
 from .trl import TRL_FIELDS, cpu_placement, native, train_and_save
 
 
@@ -13,12 +13,7 @@ class TrlCpu:
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
         methods=("lora", "full"), objectives=("sft",), precisions=("fp32", "bf16"), packing=True, resume=True,
     )
-    fields = TRL_FIELDS | {
-        "hardware.accelerator": "capabilities",
-        "hardware.gpus": "capabilities",
-        "hardware.nodes": "capabilities",
-        "hardware.processes": "capabilities",
-    }
+    fields = TRL_FIELDS | ONE_CPU_PROCESS
 
     def check(self, train: Train, hardware: Hardware) -> None:
         """Nothing beyond its capabilities."""
