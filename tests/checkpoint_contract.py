@@ -34,8 +34,12 @@ def assert_checkpoint_contract(checkpoint: Path, base_model: Path, backend: str)
     if not (checkpoint / "adapter_config.json").is_file():
         weights = ("config.json", "model.safetensors")
     for name in (*weights, "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "train_metrics.json",
-                 "manifest.json"):
+                 "manifest.json", "generation_config.json", "README.md"):
         assert (checkpoint / name).is_file(), f"{checkpoint} lacks {name}"
+    if weights[0] == "adapter_config.json":  # in one order, so two identical runs write identical files
+        targets = json.loads((checkpoint / "adapter_config.json").read_text())["target_modules"]
+        assert targets == sorted(targets)
+    assert (checkpoint / "README.md").read_text().startswith("---\nbase_model: "), "a Hugging Face model card"
     metrics = json.loads((checkpoint / "train_metrics.json").read_text())
     assert metrics["loss"] and all(math.isfinite(entry["loss"]) for entry in metrics["loss"])
     assert metrics["steps"] > 0 and metrics["tokens_seen"] > 0

@@ -225,3 +225,16 @@ def test_failing_gate_fails_the_job_and_keeps_the_report(demo):
     assert (demo / "reports/demo/eval.json").is_file() and (demo / "reports/demo/generations.json").is_file()
     assert "Gate: tuned_loss" in (demo / "reports/demo/report.html").read_text()
     assert not (demo / "reports/demo/gate.json").exists()
+
+
+def test_plots_are_the_same_bytes_for_the_same_input():
+    import matplotlib.pyplot as plt
+
+    from xtrain import report
+
+    def plot() -> bytes:
+        fig, ax = plt.subplots()
+        ax.plot([1, 2, 3])
+        return report._svg(fig)
+
+    assert plot() == plot()

@@ -42,7 +42,9 @@ def _svg(fig) -> bytes:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})  # no date: same input, same bytes
+    # No date, and element ids from a fixed salt instead of a random one: the same input gives the same bytes.
+    with plt.rc_context({"svg.hashsalt": "xtrain"}):
+        fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     return buffer.getvalue()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import logging
 import resource
 import shutil
@@ -75,6 +76,17 @@ def train_metrics(result: TrainResult) -> dict[str, Any]:
     }
 
 
+def sort_adapter_targets(checkpoint: Path) -> None:
+    """PEFT writes an adapter's target modules in set order, which changes from run to run: sorted, two identical
+    runs give identical files."""
+    config_file = checkpoint / "adapter_config.json"
+    if config_file.is_file():
+        config = read_json(config_file)
+        if isinstance(config.get("target_modules"), list):
+            config["target_modules"] = sorted(config["target_modules"])
+            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def run_training(
     *,
     model_dir: Path,
@@ -106,6 +118,7 @@ def run_training(
         template = prepared_dir / CHAT_TEMPLATE_FILE
         if template.is_file():
             shutil.copyfile(template, staging / CHAT_TEMPLATE_FILE)
+        sort_adapter_targets(staging)
         metrics = train_metrics(result)
         write_json(staging / "train_metrics.json", metrics)
         write_generation_config(model_dir, staging, prepared.get("end_of_turn"), trust_remote_code)
