@@ -190,3 +190,13 @@ def test_a_plain_text_corpus_is_split_into_blocks_never_cut(models, tmp_path):
     data = Data(sources=[DataSource(path=str(whole), split="file")], seq_len=128, eval_fraction=0.5)
     with pytest.raises(XtrainError, match="split is empty"):  # one document: it cannot fill two splits
         prepare([whole], models["qwen2_5"], data, tmp_path / "whole")
+
+
+def test_a_tools_list_given_per_source_serves_rows_without_their_own(models, tmp_path):
+    rows = [openai_row(i) for i in range(30)]
+    for row in rows:
+        del row["tools"]
+    _, prepared = run(models["qwen2_5"], rows, tmp_path / "per-source", source={"tools": [WEATHER_TOOL]})
+    _, per_row = run(models["qwen2_5"], [openai_row(i) for i in range(30)], tmp_path / "per-row")
+    read = [pq.read_table(folder / "train.parquet").column("input_ids").to_pylist() for folder in (prepared, per_row)]
+    assert read[0] == read[1], "the same tokens as when every row lists the tool"

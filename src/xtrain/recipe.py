@@ -129,6 +129,10 @@ class DataSource(Located):
     weight: PositiveFloat = Field(
         1.0, description="Times each train row of this source is used: 2 doubles it, 0.5 keeps half (by hash)."
     )
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="Tool schemas (OpenAI's function format) for the rows of this source that give none of "
+        "their own, rendered by the chat template's tool support.",
+    )
     replace: dict[str, str] = Field(
         default_factory=dict,
         description="Values for `{{name}}` placeholders in the text, e.g. {name: Ada, author: Lab} for an identity "

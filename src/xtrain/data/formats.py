@@ -86,6 +86,7 @@ class Normaliser:
         self.col = {name: source.columns.get(name, name) for name in SOURCE_COLUMNS[fmt]}
         self.roles = {**DEFAULT_ROLES.get(fmt, DEFAULT_ROLES["messages"]), **source.roles}
         self.read: Callable[[dict[str, Any]], Chat] = getattr(self, f"read_{fmt}")
+        self.source_tools = source.tools
 
     def column(self, row: dict[str, Any], name: str, kind: type | tuple[type, ...] = str, required: bool = True):
         key = self.col[name]
@@ -124,7 +125,8 @@ class Normaliser:
         return out
 
     def tools(self, row: dict[str, Any]) -> str | None:
-        tools = self.column(row, "tools", (str, list), required=False)
+        """The row's tool schemas as JSON text, else the source's (data.sources[].tools)."""
+        tools = self.column(row, "tools", (str, list), required=False) or self.source_tools
         if isinstance(tools, list):
             return json.dumps(tools, ensure_ascii=False)
         return tools or None
