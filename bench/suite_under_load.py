@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITE = [str(ROOT / ".venv" / "bin" / "python"), "-m", "pytest", "-n", "2", "--dist", "loadfile", "-q", "-p",
+SUITE = [str(ROOT / ".venv" / "bin" / "python"), "-m", "pytest", "-n", "2", "--dist", "loadfile", "-q", "-rf", "-p",
          "no:cacheprovider"]
 
 
@@ -32,8 +32,10 @@ def run_suite() -> tuple[int, str, float]:
     started = time.perf_counter()
     result = subprocess.run(SUITE, cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     seconds = time.perf_counter() - started
-    summary = next((line for line in reversed(result.stdout.splitlines()) if re.search(r"\d+ (passed|failed)", line)), "")
-    return result.returncode, summary.strip("= "), seconds
+    lines = result.stdout.splitlines()
+    summary = next((line for line in reversed(lines) if re.search(r"\d+ (passed|failed)", line)), "")
+    failed = [line.removeprefix("FAILED ").split(" - ")[0] for line in lines if line.startswith("FAILED ")]
+    return result.returncode, summary.strip("= ") + (f" ({', '.join(failed)})" if failed else ""), seconds
 
 
 def main() -> None:
@@ -41,7 +43,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--no-hog", action="store_true", help="run the suite on a quiet machine, for comparison")
     args = parser.parse_args()
-    print(f"| run | CPU hog | exit | result | wall |\n| --- | --- | --- | --- | --- |  ({os.cpu_count()} cores)")
+    print(f"{os.cpu_count()} cores\n| run | CPU hog | exit | result | wall |\n| --- | --- | --- | --- | --- |")
     failed = False
     for run in range(1, args.runs + 1):
         hogs = [] if args.no_hog else [multiprocessing.Process(target=spin, daemon=True) for _ in range(os.cpu_count() or 1)]
