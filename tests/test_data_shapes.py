@@ -150,6 +150,13 @@ def test_heavy_drops_warn_with_the_reason_and_the_setting_that_keeps_them(models
     warning, = manifest["warnings"]
     assert "20 of 40 rows (50%) dropped (20 over seq_len)" in warning
     assert "95th-percentile length" in warning and "data.over_length: truncate" in warning
+    p95 = int(warning.split("data.seq_len: ")[1].split(" ")[0])
+    assert p95 > 512, "the advised seq_len is above the one that dropped them"
+    rows = [{"messages": [{"role": "user", "content": "word " * (1500 if i == 0 else 10)},
+                          {"role": "assistant", "content": f"Answer {i}."}]} for i in range(40)]
+    manifest, _ = run(models["qwen2_5"], rows, tmp_path / "one-outlier", seq_len=512, drop_warning=0.02)
+    longest = int(manifest["warnings"][0].split("data.seq_len: ")[1].split(" ")[0])
+    assert longest > 512 and "keeps them all" in manifest["warnings"][0]
 
 
 @pytest.mark.parametrize(("rows", "kind", "setting"), [
@@ -183,7 +190,10 @@ def test_a_plain_text_corpus_is_split_into_blocks_never_cut(models, tmp_path):
     total = sum(len(tokenizer(line)["input_ids"]) + 1 for line in lines)  # + the end-of-sequence token
     kept = sum(split["tokens"] for split in manifest["splits"].values())
     stats = next(iter(manifest["sources"].values()))
-    assert stats["rows"] == 60 and stats["blocks"] > 0 and stats["kept"] == 60
+    assert stats["rows"] == 60 and stats["kept"] == 60
+    block_rows = sum(len(tokenizer(line)["input_ids"]) + 1 > 128 for line in lines)
+    assert stats["blocks"] == sum(-(-(len(tokenizer(line)["input_ids"]) + 1) // 128) for line in lines
+                                  if len(tokenizer(line)["input_ids"]) + 1 > 128) and block_rows > 0
     assert kept / total >= 0.99 and max(split["max_len"] for split in manifest["splits"].values()) <= 128
     whole = tmp_path / "whole.md"
     whole.write_text("# Title\n\nA paragraph.\n")

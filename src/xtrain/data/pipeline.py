@@ -114,9 +114,11 @@ def drop_warnings(per_source: dict, data: Data, table: pa.Table, origin: list[in
         reasons = ", ".join(f"{count} {reason}" for reason, count in stats["dropped"].items())
         advice = ""
         if stats["dropped"].get("over seq_len"):
-            p95 = int(np.percentile(lengths[origin == index], 95)) if (origin == index).any() else 0
-            advice = (f"; its rows' 95th-percentile length is {p95} tokens: data.seq_len: {p95} keeps 95% of them, or "
-                      "data.over_length: truncate keeps them cut")
+            mine = lengths[origin == index]
+            p95, longest = int(np.percentile(mine, 95)), int(mine.max())
+            keep = (f"its rows' 95th-percentile length is {p95} tokens: data.seq_len: {p95} keeps 95% of them"
+                    if p95 > data.seq_len else f"data.seq_len: {longest} keeps them all")
+            advice = f"; {keep}, or data.over_length: truncate keeps them cut"
         warnings.append(f"{name}: {dropped} of {stats['rows']} rows ({dropped / stats['rows']:.0%}) dropped "
                         f"({reasons}){advice} (this warning: data.drop_warning {data.drop_warning})")
     for name, stats in per_source.items():
@@ -309,8 +311,8 @@ def prepare(
     row_hashes: dict[int, str] = {}
     for row, (chat, source_index, reason, block) in enumerate(zip(chats, origin, reasons, blocks)):
         stats = per_source[names[source_index]]
-        if block:
-            stats["blocks"] = stats.get("blocks", 0) + 1
+        if block:  # a split document's blocks, its first (block 0) counted with the second
+            stats["blocks"] = stats.get("blocks", 0) + (2 if block == 1 else 1)
         if reason is not None:
             stats["dropped"][reason] += 1
             continue
