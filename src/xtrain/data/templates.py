@@ -73,14 +73,14 @@ def resolve(tokenizer, name: str, model_dir: Path, masked: bool = True) -> ChatT
         return ChatTemplate(stock, stock, "every token (data.train_on_inputs)", label)
     variant = training_variant(tokenizer, stock)
     if variant is not None:
-        differs = next((i for i, chat in enumerate(renderable(tokenizer, stock))
+        differs = next((chat for chat in renderable(tokenizer, stock)
                         if render(tokenizer, stock, chat) != render(tokenizer, variant, chat)), None)
         if differs is None:
             return ChatTemplate(stock, variant, "TRL training variant", label)
         log.warning("%s: TRL's training variant of it renders some chats (e.g. %d turns) unlike the stock template "
                     "(it keeps what the stock one drops from earlier turns, so that rendering is prefix-preserving); "
                     "the chats are rendered as TRL's variant does, and the checkpoint ships the stock template",
-                    label, len(renderable(tokenizer, stock)[differs]))
+                    label, len(differs))
         return ChatTemplate(stock, variant, "TRL training variant (its own rendering of multi-turn chats)", label)
     broken = prefix_broken(tokenizer, stock)
     if broken is None:
