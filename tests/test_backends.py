@@ -34,3 +34,21 @@ def test_capability_table_in_the_docs_is_current():
     assert docs.BACKENDS_PATH.read_text() == docs.backends_page(), "run `make docs` and commit the result"
     for name in BACKENDS:
         assert f"`{name}`" in docs.backends_page().split(docs.CAPABILITIES[1])[0]
+
+
+def test_backend_side_code_imports_only_the_standard_library_and_a_backends_stack():
+    """src/xtrain_backend_side runs in the backends' own interpreters, where xtrain's stack is not installed."""
+    import ast
+
+    for path in (REPO / "src" / "xtrain_backend_side").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                assert name.split(".")[0] not in ("xtrain", "pydantic", "yaml"), f"{path.name} imports {name}"
+
+
+def test_a_recipe_error_is_an_xtrain_error():
+    from xtrain.errors import RecipeError, XtrainError
+
+    assert issubclass(RecipeError, XtrainError)
