@@ -41,8 +41,8 @@ def read_source(source: DataSource, path: Path | None, limit: int | None = None)
         found = SourceRows(str(path), read_saved_dataset(path, source.split))
     elif path.suffix in (".txt", ".md"):
         found = read_documents(path, whole_file=source.split == "file", limit=limit)
-    elif path.suffix == ".jsonl":
-        found = read_jsonl(path, limit)
+    elif path.suffix in (".jsonl", ".parquet"):
+        found = READERS[path.suffix](path, limit)
     elif path.suffix in READERS:
         found = READERS[path.suffix](path)
     else:
@@ -116,14 +116,18 @@ def read_csv(path: Path) -> SourceRows:
     return SourceRows(str(path), rows, lines)
 
 
-def read_parquet(path: Path) -> SourceRows:
+def read_parquet(path: Path, limit: int | None = None) -> SourceRows:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        if limit is None:
+            rows = pq.read_table(path).to_pylist()
+        else:  # the first rows only (preflight): one batch, not the whole file
+            rows = next(pq.ParquetFile(path).iter_batches(batch_size=limit), None)
+            rows = rows.to_pylist() if rows is not None else []
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise XtrainError(f"{path}: not a readable Parquet file ({exc})") from None
-    return SourceRows(str(path), table.to_pylist())
+    return SourceRows(str(path), rows)
 
 
 def read_saved_dataset(path: Path, split: str) -> list[dict[str, Any]]:
