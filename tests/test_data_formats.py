@@ -69,13 +69,19 @@ def test_real_alpaca_file_prepares_with_only_the_answers_trained(tiny_model, tok
         assert decoded(tokenizer, row, trained=False).startswith("<|im_start|>user\n")
 
 
+def inline_call(value: str) -> str:
+    """A sharegpt function_call turn as data.tool_calls: inline writes it."""
+    return f"<tool_call>\n{json.dumps(json.loads(value), ensure_ascii=False)}\n</tool_call>"
+
+
 def renders_as(conversation: dict, context: str, trained: str) -> bool:
     """Whether a prepared row is this conversation: calls and answers trained, tool results context only."""
-    # The demo template ignores `tools`, so the tool list reaches the model in the system turn.
+    # The demo template has no tool support: with data.tool_calls: inline the tool list is in the system turn.
     if not context.startswith(f"<|im_start|>system\nYou can call these tools:\n{conversation['tools']}<|im_end|>"):
         return False
     for turn in conversation["conversations"]:
-        if turn["from"] in ("gpt", "function_call") and turn["value"] + "<|im_end|>" not in trained:
+        answer = inline_call(turn["value"]) if turn["from"] == "function_call" else turn["value"]
+        if turn["from"] in ("gpt", "function_call") and answer + "<|im_end|>" not in trained:
             return False
         if turn["from"] in ("human", "observation"):
             role = "user" if turn["from"] == "human" else "tool"
@@ -88,7 +94,11 @@ def renders_as(conversation: dict, context: str, trained: str) -> bool:
 
 def test_real_sharegpt_tool_calls_are_trained_and_tool_answers_are_context(tiny_model, tokenizer, tmp_path):
     conversations = json.loads(GLAIVE.read_text())
-    manifest = run(tiny_model, tmp_path / "out", DataSource(path=str(GLAIVE)), over_length="truncate")
+    with pytest.raises(XtrainError, match="does not render tool calls or a tool list.*data.tool_calls: inline"):
+        run(tiny_model, tmp_path / "refused", DataSource(path=str(GLAIVE)), over_length="truncate")
+    assert not (tmp_path / "refused").exists()
+    manifest = run(tiny_model, tmp_path / "out", DataSource(path=str(GLAIVE)), over_length="truncate",
+                   tool_calls="inline")
     stats = manifest["sources"][str(GLAIVE)]
     assert stats["format"] == "sharegpt" and stats["rows"] == len(conversations)
     assert stats["kept"] > 200 and stats["truncated"] > 0
@@ -97,6 +107,18 @@ def test_real_sharegpt_tool_calls_are_trained_and_tool_answers_are_context(tiny_
     for row in complete:
         context, trained = decoded(tokenizer, row, False), decoded(tokenizer, row, True)
         assert any(renders_as(c, context, trained) for c in conversations), context[:300]
+
+
+def test_real_sharegpt_function_call_turns_are_tool_calls_the_template_renders(tiny_model):
+    conversations = json.loads(GLAIVE.read_text())
+    read = Normaliser(DataSource(path=str(GLAIVE)), "sharegpt").read
+    row = next(r for r in conversations if any(t["from"] == "function_call" for t in r["conversations"]))
+    turn = next(t for t in read(row)["messages"] if t.get("tool_calls"))
+    call = json.loads(next(t["value"] for t in row["conversations"] if t["from"] == "function_call"))
+    assert turn == {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]}
+    # Mapped by the source itself, the turn is plain text, trained as it is.
+    mapped = Normaliser(DataSource(path=str(GLAIVE), roles={"function_call": "assistant"}), "sharegpt").read(row)
+    assert not any(t.get("tool_calls") for t in mapped["messages"])
 
 
 def test_real_text_documents_are_trained_on_every_token_and_end_with_eos(tiny_model, tokenizer, tmp_path):
@@ -115,14 +137,15 @@ def test_real_text_documents_are_trained_on_every_token_and_end_with_eos(tiny_mo
 
 
 def test_batched_tokens_and_masks_equal_apply_chat_template_row_by_row(tokenizer):
+    from xtrain.data.pipeline import apply_tool_calls
     from xtrain.data.templates import ChatTemplate
     from xtrain.data.tokenize import encode_chats
 
     alpaca = Normaliser(DataSource(path=str(ALPACA)), "alpaca")
     glaive = Normaliser(DataSource(path=str(GLAIVE)), "sharegpt")
     chats = [alpaca.read(row) for row in json.loads(ALPACA.read_text())[:100]]
-    chats += [{"messages": glaive.read(row)["messages"], "tools": None} for row in json.loads(GLAIVE.read_text())[:100]]
     template = ChatTemplate(tokenizer.chat_template, tokenizer.chat_template, "generation blocks", "the demo's")
+    chats += [apply_tool_calls(glaive.read(row), "inline", template) for row in json.loads(GLAIVE.read_text())[:100]]
     batched = encode_chats(tokenizer, template, [c["messages"] for c in chats], [None] * len(chats))
     for chat, (ids, mask) in zip(chats, batched, strict=True):
         one = tokenizer.apply_chat_template(chat["messages"], tokenize=True, return_dict=True,
@@ -236,3 +259,20 @@ def test_sources_are_mixed_by_weight_in_the_train_split_only(tiny_model, tmp_pat
     assert {copies[h] for h in light_train} == {0, 1}
     assert 0.15 < sum(copies[h] for h in light_train) / len(light_train) < 0.35
     assert manifest["splits"]["train"]["rows"] == sum(copies.values())
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_preflight_reads_only_the_first_rows_of_a_file(tiny_model, tmp_path, suffix):
+    """A damaged row far into the file is prepare's to report; preflight parses the first rows only."""
+    from xtrain.data.pipeline import check_first_rows
+
+    rows = [{"instruction": f"Say {i}.", "output": f"{i}"} for i in range(3000)]
+    path = tmp_path / f"rows{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps(rows, indent=1)[:-3] + "{broken\n]")
+    else:
+        path.write_text("instruction,output\n" + "".join(f'"{r["instruction"]}",{r["output"]}\n' for r in rows)
+                        + "a,b,c,d\n")
+    assert check_first_rows(DataSource(path=str(path)), path) == "alpaca"
+    with pytest.raises(XtrainError, match=f"rows{suffix}"):
+        prepare([path], tiny_model, Data(sources=[DataSource(path=str(path))]), tmp_path / "out")

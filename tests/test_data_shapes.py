@@ -164,7 +164,9 @@ def test_heavy_drops_warn_with_the_reason_and_the_setting_that_keeps_them(models
      "preference pairs (DPO/ORPO: `chosen_messages`", "train.objective: dpo or orpo"),
     ([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Go away"}], "label": False}],
      "unpaired preference rows (KTO", "train.objective: kto"),
-], ids=["dpo-file", "kto-file"])
+    ([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Go away"}], "label": "false"}],
+     "unpaired preference rows (KTO", "train.objective: kto"),
+], ids=["dpo-file", "kto-file", "kto-label-as-text"])
 def test_other_kinds_of_data_are_refused_in_an_sft_recipe(models, tmp_path, rows, kind, setting):
     with pytest.raises(XtrainError, match="not supervised chat data") as info:
         run(models["qwen2_5"], rows, tmp_path)
@@ -210,3 +212,75 @@ def test_a_tools_list_given_per_source_serves_rows_without_their_own(models, tmp
     _, per_row = run(models["qwen2_5"], [openai_row(i) for i in range(30)], tmp_path / "per-row")
     read = [pq.read_table(folder / "train.parquet").column("input_ids").to_pylist() for folder in (prepared, per_row)]
     assert read[0] == read[1], "the same tokens as when every row lists the tool"
+
+
+def test_real_sharegpt_function_calls_render_through_the_templates_tool_format(models, tmp_path):
+    """glaive's function_call turns become tool calls that Qwen2.5's template writes as <tool_call> JSON (trained),
+    its `tools` column the template's tool list (context), observations the tool's turn (context)."""
+    rows = [r for r in json.loads((REPO / "data/real/glaive_toolcall_en_demo.json").read_text())
+            if any(t["from"] == "function_call" for t in r["conversations"])][:40]
+    manifest, prepared = run(models["qwen2_5"], rows, tmp_path)
+    calls = {json.dumps(json.loads(t["value"]), ensure_ascii=False) for r in rows for t in r["conversations"]
+             if t["from"] == "function_call"}
+    observations = [t["value"] for r in rows for t in r["conversations"] if t["from"] == "observation"]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(models["qwen2_5"])
+    for row in pq.read_table(prepared / "train.parquet").to_pylist():
+        trained = [tokenizer.decode(run) for run in supervised_runs(row["input_ids"], row["assistant_masks"])]
+        context = tokenizer.decode(row["input_ids"])
+        written = [t.removeprefix("<tool_call>\n").removesuffix("\n</tool_call><|im_end|>") for t in trained
+                   if t.startswith("<tool_call>")]
+        assert written and all(call in calls for call in written), trained
+        assert "# Tools" in context and "<tools>" in context, "the tool list is in the template's system turn"
+        assert not any(o in "".join(trained) for o in observations), "tool results are context, never trained"
+    assert next(iter(manifest["sources"].values()))["kept"] == 40
+
+
+def test_reasoning_is_given_under_the_key_the_template_reads(tiny_model):
+    """GPT-OSS's template reads an assistant turn's reasoning as `thinking`, Qwen3's as `reasoning_content`."""
+    from transformers import AutoTokenizer
+
+    from xtrain.data.pipeline import apply_reasoning
+    from xtrain.data.templates import ChatTemplate, render
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    chat = {"messages": [{"role": "user", "content": "2+2?"},
+                         {"role": "assistant", "content": "4", "reasoning_content": "Two and two make four."}],
+            "tools": None}
+    for name, key in (("gptoss", "thinking"), ("qwen3", "reasoning_content")):
+        template = ChatTemplate(trl_template(name), None, "incremental rendering", name)
+        kept = apply_reasoning(chat, "keep", template)
+        assert kept["messages"][1][key] == "Two and two make four.", name
+        assert "Two and two make four." in render(tokenizer, template.stock, kept["messages"]), name
+    deepseek = ChatTemplate(trl_template("deepseekv3"), None, "incremental rendering", "deepseekv3")
+    with pytest.raises(XtrainError, match="does not render assistant reasoning"):
+        apply_reasoning(chat, "keep", deepseek)
+
+
+def test_placeholders_are_filled_in_reasoning_and_tool_arguments_too(models, tmp_path):
+    rows = [{"messages": [
+        {"role": "user", "content": f"Weather for {{{{name}}}}'s city {i}?"},
+        {"role": "assistant", "content": "", "reasoning_content": "{{name}} asked.",
+         "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "{{city}}"}}}]},
+        {"role": "tool", "content": "Sunny"},
+        {"role": "assistant", "content": "Sunny, {{name}}."}], "tools": [WEATHER_TOOL]} for i in range(30)]
+    _, prepared = run(models["qwen3"], rows, tmp_path, source={"replace": {"name": "Ada", "city": "Paris"}})
+    texts = "".join("".join(row) for row in supervised_texts(models["qwen3"], prepared))
+    assert "{{" not in texts and '"city": "Paris"' in texts and "Sunny, Ada." in texts
+
+
+def test_a_chat_the_template_refuses_is_an_error_naming_the_chat(tiny_model):
+    from transformers import AutoTokenizer
+
+    from xtrain.data.templates import ChatTemplate
+    from xtrain.data.tokenize import encode_chats
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    strict = ("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('Tool turns are not supported') }}"
+              "{% endif %}{{ m.role + ': ' + m.content + '\\n' }}{% endfor %}")
+    template = ChatTemplate(strict, None, "incremental rendering", "data.chat_template 'strict'")
+    chat = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "Asking."},
+            {"role": "tool", "content": "Sunny"}, {"role": "assistant", "content": "Sunny."}]
+    with pytest.raises(XtrainError, match="'strict' cannot render the chat that begins 'Weather\\?': Tool turns"):
+        encode_chats(tokenizer, template, [chat], [None])

@@ -196,6 +196,12 @@ class Data(Section):
         "the chat template (refused when the template cannot), `drop` removes it, `inline` writes it before the "
         "answer as <think>...</think>.",
     )
+    tool_calls: Literal["template", "inline"] = Field(
+        "template",
+        description="Tool calls (assistant `tool_calls`, sharegpt `function_call` turns) and a row's `tools` list: "
+        "`template` renders them through the chat template's own tool support (refused when it has none), `inline` "
+        "writes each call as <tool_call>JSON</tool_call> in the assistant's text and the tool list in the system turn.",
+    )
     drop_warning: float = Field(
         0.1, gt=0, le=1,
         description="Warn (console and manifest `warnings`) when a source loses at least this share of its rows.",

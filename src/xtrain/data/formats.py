@@ -31,6 +31,10 @@ DEFAULT_ROLES = {
         "function_call": "assistant", "observation": "tool", "tool": "tool",
     },
 }
+# sharegpt turn names whose content is the assistant's tool call(s) as JSON text ({"name", "arguments"}, or a list
+# of them), read into the message's tool calls so that the chat template renders them in its own format (unless
+# the source maps the name itself in `roles`: then the text is trained as it is).
+CALL_TURNS = ("function_call",)
 # Which turn may follow which; a chat starts with user (after an optional system turn).
 NEXT_ROLES = {"user": {"assistant"}, "assistant": {"user", "tool"}, "tool": {"tool", "assistant"}}
 # The column whose presence in the first row tells the format, tried in this order.
@@ -58,9 +62,14 @@ OTHER_KINDS = (
 def other_kind(row: dict[str, Any]) -> tuple[str, str] | None:
     """(what the data is, the setting it needs) when a row's columns make it other than SFT data."""
     for columns, kind, setting in OTHER_KINDS:
-        if all(column in row for column in columns) and not (columns == ("label",) and not isinstance(row["label"], bool)):
+        if all(column in row for column in columns) and (columns != ("label",) or is_kto_label(row["label"])):
             return kind, setting
     return None
+
+
+def is_kto_label(value: Any) -> bool:
+    """A KTO row's desirability label: a boolean, or its text (CSV files hold "true"/"false")."""
+    return isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in ("true", "false"))
 
 
 class DropRow(Exception):
@@ -85,6 +94,7 @@ class Normaliser:
         self.fmt = fmt
         self.col = {name: source.columns.get(name, name) for name in SOURCE_COLUMNS[fmt]}
         self.roles = {**DEFAULT_ROLES.get(fmt, DEFAULT_ROLES["messages"]), **source.roles}
+        self.call_turns = {name for name in CALL_TURNS if fmt == "sharegpt" and name not in source.roles}
         self.read: Callable[[dict[str, Any]], Chat] = getattr(self, f"read_{fmt}")
         self.source_tools = source.tools
 
@@ -114,7 +124,9 @@ class Normaliser:
                     "(map others with data.sources[].roles)",
                 )
             message = {"role": self.roles[name]}
-            if isinstance(content, list):
+            if name in self.call_turns and isinstance(content, str):
+                message |= {"content": "", "tool_calls": tool_calls_text(content, f"{where}.{content_key}")}
+            elif isinstance(content, list):
                 message |= content_parts(content, f"{where}.{content_key}")
             elif isinstance(content, str) or (content is None and turn.get("tool_calls")):
                 message["content"] = content or ""
@@ -212,6 +224,18 @@ def content_parts(parts: list, where: str) -> dict[str, Any]:
     if calls:
         message["tool_calls"] = calls
     return message
+
+
+def tool_calls_text(text: str, where: str) -> list[dict[str, Any]]:
+    """A `function_call` turn's calls: JSON text of one call or of a list of them."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise RowError(where, "a function_call turn holds JSON {\"name\": ..., \"arguments\": {...}} (or a list of "
+                       "them); to train its text as it is, map the role in data.sources[].roles (function_call: "
+                       "assistant)") from None
+    calls = value if isinstance(value, list) else [value]
+    return [tool_call(call, f"{where}[{k}]" if isinstance(value, list) else where) for k, call in enumerate(calls)]
 
 
 def tool_call(value: Any, where: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +42,8 @@ def read_source(source: DataSource, path: Path | None, limit: int | None = None)
         found = SourceRows(str(path), read_saved_dataset(path, source.split))
     elif path.suffix in (".txt", ".md"):
         found = read_documents(path, whole_file=source.split == "file", limit=limit)
-    elif path.suffix in (".jsonl", ".parquet"):
-        found = READERS[path.suffix](path, limit)
     elif path.suffix in READERS:
-        found = READERS[path.suffix](path)
+        found = READERS[path.suffix](path, limit)
     else:
         raise XtrainError(f"{path}: unknown file type {path.suffix!r}; use one of {', '.join(FILE_TYPES)}")
     if not found.rows:
@@ -79,7 +78,9 @@ def read_jsonl(path: Path, limit: int | None = None) -> SourceRows:
     return SourceRows(str(path), rows, lines)
 
 
-def read_json_array(path: Path) -> SourceRows:
+def read_json_array(path: Path, limit: int | None = None) -> SourceRows:
+    if limit is not None and (first := first_array_items(path, limit)) is not None:
+        return SourceRows(str(path), first)
     text = read_text(path)
     if not text.strip():
         return SourceRows(str(path), [])
@@ -95,6 +96,33 @@ def read_json_array(path: Path) -> SourceRows:
     return SourceRows(str(path), rows)
 
 
+def first_array_items(path: Path, limit: int, chunk: int = 1 << 20) -> list | None:
+    """The first `limit` items of the JSON array in `path`, reading only as much of the file as they take; None
+    when the file is not such an array or is shorter (reading it whole then says what is wrong, or reads it all)."""
+    decoder, text = json.JSONDecoder(), ""
+    try:
+        with path.open(encoding="utf-8") as file:
+            while more := file.read(chunk):
+                text += more
+                body = text.lstrip()
+                if body and not body.startswith("["):
+                    return None
+                items, position = [], 1
+                while body and len(items) < limit:
+                    while position < len(body) and body[position] in " \t\r\n,":
+                        position += 1
+                    try:
+                        item, position = decoder.raw_decode(body, position)
+                    except json.JSONDecodeError:
+                        break  # an item runs past what is read so far (or is malformed)
+                    items.append(item)
+                if len(items) == limit:
+                    return items
+    except UnicodeDecodeError:
+        pass
+    return None
+
+
 def read_documents(path: Path, whole_file: bool, limit: int | None = None) -> SourceRows:
     """A plain-text corpus as `text` rows: one document per non-blank line, or the whole file as one
     (data.sources[].split: file)."""
@@ -105,15 +133,24 @@ def read_documents(path: Path, whole_file: bool, limit: int | None = None) -> So
     return SourceRows(str(path), [{"text": line} for _, line in numbered], [number for number, _ in numbered])
 
 
-def read_csv(path: Path) -> SourceRows:
-    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+def read_csv(path: Path, limit: int | None = None) -> SourceRows:
+    reader = csv.DictReader(io.StringIO(read_text(path) if limit is None else head_lines(path, limit), newline=""))
     rows, lines = [], []
-    for row in reader:
+    for row in itertools.islice(reader, limit):
         if None in row:
             raise XtrainError(f"{path}:{reader.line_num}: more fields than the header has columns")
         rows.append(row)
         lines.append(reader.line_num)
     return SourceRows(str(path), rows, lines)
+
+
+def head_lines(path: Path, limit: int) -> str:
+    """A text file's first lines, enough for `limit` rows unless they hold quoted line breaks (then fewer rows)."""
+    try:
+        with path.open(encoding="utf-8", newline="") as file:
+            return "".join(itertools.islice(file, 4 * limit + 1))
+    except UnicodeDecodeError:
+        return read_text(path)
 
 
 def read_parquet(path: Path, limit: int | None = None) -> SourceRows:

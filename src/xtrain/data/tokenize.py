@@ -11,9 +11,9 @@ supervised everywhere.
 from __future__ import annotations
 
 import json
-from typing import Any
-
 import numpy as np
+
+from jinja2.exceptions import TemplateError
 
 from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK
 
@@ -43,39 +43,35 @@ def check_template(tokenizer, template: ChatTemplate) -> dict:
     return {"token": tokenizer.convert_ids_to_tokens(ids[last]), "id": ids[last]}
 
 
-def template_messages(messages: list[dict], tools: str | None, template: str) -> tuple[list[dict], Any]:
-    """Messages and `tools` for the template; a template that ignores tools gets them in the system turn."""
-    if tools is None:
-        return messages, None
-    if "tools" in template:
-        return messages, json.loads(tools)
-    note = f"You can call these tools:\n{tools}"
-    if messages[0]["role"] == "system":
-        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{note}"}, *messages[1:]], None
-    return [{"role": "system", "content": note}, *messages], None
-
-
 def encode_chats(tokenizer, template: ChatTemplate, chats: list[list[dict]], tools: list[str | None]):
     """(input_ids, assistant mask) of each chat; the Rust tokenizer spreads the batch over every core."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
     texts, spans = [], []
     for messages, row_tools in zip(chats, tools, strict=True):
-        messages, row_tools = template_messages(messages, row_tools, template.stock)
-        if template.masking is None:
-            text, generation = assistant_spans(tokenizer, template.stock, messages, row_tools)
-        else:
-            (text,), (generation,) = render_jinja_template(
-                conversations=[messages], tools=row_tools, chat_template=template.masking,
-                return_assistant_tokens_mask=True, **tokenizer.special_tokens_map,
-            )
-            # TRL's Phi-3 variant also marks the eos that closes the whole conversation: not an assistant's answer.
-            generation = [(start, end) for start, end in (trimmed(text, *span) for span in generation)
-                          if text[start:end] != tokenizer.eos_token]
+        try:
+            text, generation = render_spans(tokenizer, template, messages, json.loads(row_tools) if row_tools else None)
+        except TemplateError as exc:  # the template's own refusal (`raise_exception`), e.g. roles it does not know
+            first = next((m["content"] for m in messages if m["role"] == "user"), "")[:60]
+            raise XtrainError(f"{template.label} cannot render the chat that begins {first!r}: {exc}. Remove such "
+                              "rows, or choose a template that renders them in data.chat_template") from None
         texts.append(text)
         spans.append(supervised(messages, generation, template))
     encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
     return [(encoding.ids, assistant_mask(encoding, row_spans)) for encoding, row_spans in zip(encodings, spans)]
+
+
+def render_spans(tokenizer, template: ChatTemplate, messages: list[dict], tools) -> tuple[str, list[tuple[int, int]]]:
+    """A chat's text and the character spans of its assistant turns."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    if template.masking is None:
+        return assistant_spans(tokenizer, template.stock, messages, tools)
+    (text,), (generation,) = render_jinja_template(
+        conversations=[messages], tools=tools, chat_template=template.masking, return_assistant_tokens_mask=True,
+        **tokenizer.special_tokens_map,
+    )
+    # TRL's Phi-3 variant also marks the eos that closes the whole conversation: not an assistant's answer.
+    return text, [(start, end) for start, end in (trimmed(text, *span) for span in generation)
+                  if text[start:end] != tokenizer.eos_token]
 
 
 def supervised(messages: list[dict], spans: list[tuple[int, int]], template: ChatTemplate) -> list[tuple[int, int]]:
