@@ -14,7 +14,7 @@ from xtrain.artifacts import read_json
 from xtrain.backends import REGISTRY, TrainJob
 from xtrain.backends.base import refusal
 from xtrain.plan import make_plan
-from xtrain.recipe import Hardware, Lora, Recipe, Train, stage_params
+from xtrain.recipe import Hardware, Lora, Preference, Recipe, Train, stage_params
 
 CPU, CUDA, ROCM = Hardware(), Hardware(accelerator="cuda", gpus=1), Hardware(accelerator="rocm", gpus=8)
 # A value other than the default for each field a backend maps into its native config or launch.
@@ -34,6 +34,11 @@ TRAIN_CHANGES = {
     "logging_steps": {"logging_steps": 2},
     "checkpoint_minutes": {"checkpoint_minutes": 1e-4},
     "seed": {"seed": 5},
+    "objective": {"objective": "dpo", "preference": Preference()},
+    "preference.beta": {"objective": "dpo", "preference": Preference(beta=0.5)},
+    "preference.loss_type": {"objective": "dpo", "preference": Preference(loss_type="ipo")},
+    "preference.desirable_weight": {"objective": "kto", "preference": Preference(desirable_weight=2.0)},
+    "preference.undesirable_weight": {"objective": "kto", "preference": Preference(undesirable_weight=2.0)},
 }
 # (base, changed) hardware for each hardware field a backend maps into its launch.
 HARDWARE_CHANGES = {
@@ -104,6 +109,10 @@ def test_each_mapping_is_where_the_field_lands(name, tiny_model, prepared, plans
         elif where == "plan":
             slice_ = plan_reads[section]
             assert key.split(".")[0] in slice_, f"{name}: {field} is said to reach it through the plan, which does not read it"
+        elif where == "capabilities" and section == "train":  # the objective, and its settings with it
+            changed = base_train.model_copy(update=TRAIN_CHANGES[key])
+            reason = refusal(name, backend.capabilities, changed, base_hardware, packed=False)
+            assert reason and "train.objective" in reason, f"{name}: nothing refuses {field}"
         elif where == "capabilities":
             reasons = [refusal(name, backend.capabilities, base_train, hardware, packed=False)
                        for hardware in REFUSABLE[key]]

@@ -120,7 +120,7 @@ BAD_RECIPES = [
     ("data-rows-do-not-parse", "r", {"data": {"sources": [{"path": "data/unreadable.jsonl"}]}},
      "data/unreadable.jsonl:1: field `messages[0].role`", "map others with data.sources[].roles"),
     ("preference-data-in-sft-recipe", "r", {"data": {"sources": [{"path": "data/pairs.jsonl"}]}},
-     "data/pairs.jsonl:1: this source holds preference pairs", "train.objective: dpo or orpo"),
+     "data/pairs.jsonl:1: this source holds preference pairs", "train.objective: dpo"),
     ("data-path-missing", "r", {"data": {"sources": [{"path": "data/nosuch.jsonl"}]}}, "data.sources[0].path",
      "fix the path or create the file"),
     ("recipe-name-with-dotdot", "..up", {}, "'..up'", "rename the file"),

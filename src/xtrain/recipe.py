@@ -244,10 +244,34 @@ class Lora(Section):
         }
 
 
+class Preference(Section):
+    """Settings of a preference objective (train.objective dpo or kto)."""
+
+    beta: PositiveFloat = Field(0.1, description="How far the tuned model may move from the reference (DPO's and "
+                                "KTO's beta): higher keeps it closer.")
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
+        "sigmoid", description="DPO only: the pair loss (sigmoid: DPO; ipo; hinge: SLiC)."
+    )
+    desirable_weight: PositiveFloat = Field(1.0, description="KTO only: loss weight of rows labelled desirable.")
+    undesirable_weight: PositiveFloat = Field(1.0, description="KTO only: loss weight of rows labelled undesirable.")
+
+    ONLY: ClassVar[dict[str, str]] = {"loss_type": "dpo", "desirable_weight": "kto", "undesirable_weight": "kto"}
+
+
+OBJECTIVES = ("sft", "dpo", "kto")
+
+
 class Train(Section):
     """How to train: the backend, the method and the optimisation settings."""
 
     backend: Literal[BACKENDS] = Field("trl_cpu", description="Training backend: " + ", ".join(BACKENDS) + ".")
+    objective: Literal[OBJECTIVES] = Field(
+        "sft", description="sft: supervised fine-tuning on chat or text data; dpo: pairs of a chosen and a rejected "
+        "answer; kto: answers labelled desirable or not. The data must be of that kind.",
+    )
+    preference: Preference | None = Field(
+        None, description="DPO/KTO settings; only with objective dpo or kto (defaults apply when unset)."
+    )
     method: Literal["lora", "full"] = Field("lora", description="LoRA adapters or a full fine-tune.")
     lora: Lora | None = Field(None, description="LoRA settings; only with method: lora (defaults apply when unset).")
     global_batch_size: PositiveInt = Field(8, description="Sequences per optimizer step, over all devices.")
@@ -270,7 +294,7 @@ class Train(Section):
     seed: int = Field(0, ge=0, description="Seed for weights of new layers, dropout and data order.")
 
     # Fields that decide the run's shape (memory, time, batch layout); the plan reads only these.
-    SHAPE_FIELDS: ClassVar[tuple[str, ...]] = ("backend", "method", "lora", "global_batch_size", "micro_batch_size", "epochs", "max_steps")
+    SHAPE_FIELDS: ClassVar[tuple[str, ...]] = ("backend", "objective", "method", "lora", "global_batch_size", "micro_batch_size", "epochs", "max_steps")
 
     @model_validator(mode="before")
     @classmethod
@@ -283,6 +307,22 @@ class Train(Section):
         if method == "lora" and data.get("lora") is None:
             return {**data, "lora": {}}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preference_only_with_a_preference_objective(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        objective, settings = data.get("objective", "sft"), data.get("preference")
+        if objective == "sft":
+            if settings is not None:
+                raise ValueError("`preference` settings are given but objective is `sft`: remove them or set "
+                                 "objective: dpo or kto")
+            return data
+        for name, only in Preference.ONLY.items():
+            if isinstance(settings, dict) and name in settings and only != objective:
+                raise ValueError(f"preference.{name} applies to objective {only} only, not {objective}: remove it")
+        return data if settings is not None else {**data, "preference": {}}
 
 
 class Hardware(Section):
@@ -443,6 +483,21 @@ class Recipe(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _preference_data_is_neither_packed_nor_cut(self) -> Recipe:
+        if self.train.objective == "sft":
+            return self
+        if self.data.packing:
+            raise ValueError(f"data.packing: train.objective {self.train.objective} trains on each prompt with its "
+                             "answers, which are not packed: set data.packing: false")
+        if self.data.over_length == "truncate":
+            raise ValueError(f"data.over_length: truncate would cut answers that train.objective "
+                             f"{self.train.objective} compares whole: set data.over_length: drop (or raise data.seq_len)")
+        if self.data.train_on_inputs:
+            raise ValueError(f"data.train_on_inputs: train.objective {self.train.objective} scores the answers only: "
+                             "set data.train_on_inputs: false")
+        return self
+
     def hash(self) -> str:
         return content_hash(self.model_dump(mode="json"))
 
@@ -457,8 +512,11 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
     dump = recipe.model_dump(mode="json")
     # Only a recipe that trusts remote code passes it on, so the slices (and builds) of others do not change.
     trust = {"model": {"trust_remote_code": True}} if recipe.model.trust_remote_code else {}
+    preference = {"train": {"objective": recipe.train.objective}} if recipe.train.objective != "sft" else {}
     slices = {
-        "prepare": {"data": dump["data"], **trust},
+        # A preference objective decides what the data is (pairs, labelled answers) and how it is prepared; SFT
+        # recipes' slices stay as they were, so their prepared data is not rebuilt.
+        "prepare": {"data": dump["data"], **preference, **trust},
         "plan": {
             "train": {k: dump["train"][k] for k in Train.SHAPE_FIELDS},
             "hardware": dump["hardware"],

@@ -1,6 +1,6 @@
 """The prepared-data contract: what `prepared/<recipe>/<split>.parquet` holds, in one place.
 
-Each row has the token ids (`input_ids`) and a loss mask over them (`assistant_masks`: 1 where the loss is
+SFT rows have the token ids (`input_ids`) and a loss mask over them (`assistant_masks`: 1 where the loss is
 computed, the assistant's tokens unless data.train_on_inputs). Packed train rows also have `seq_lengths`, the
 lengths of the sequences packed into the row, which must not attend to each other. Trainers that take labels
 get the token id where the mask is 1 and IGNORE_INDEX elsewhere.
@@ -13,6 +13,10 @@ from pathlib import Path
 INPUT_IDS = "input_ids"
 LOSS_MASK = "assistant_masks"
 SEQ_LENGTHS = "seq_lengths"
+# Preference data (train.objective dpo / kto), in TRL's column names: the prompt's tokens once, then each answer's.
+PROMPT_IDS, CHOSEN_IDS, REJECTED_IDS, COMPLETION_IDS, LABEL = (
+    "prompt_ids", "chosen_ids", "rejected_ids", "completion_ids", "label")
+PREFERENCE_COLUMNS = {"dpo": (PROMPT_IDS, CHOSEN_IDS, REJECTED_IDS), "kto": (PROMPT_IDS, COMPLETION_IDS)}
 IGNORE_INDEX = -100  # the label of a token without loss (PyTorch cross-entropy's default ignore_index)
 
 

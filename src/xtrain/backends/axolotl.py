@@ -22,7 +22,7 @@ from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import ONE_CPU_PROCESS, PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, save_steps
+from .base import ONE_CPU_PROCESS, PLANNED_HARDWARE, SFT_ONLY, Capabilities, TrainJob, TrainResult, save_steps
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,7 @@ class Axolotl:
         "train.seed": "config.seed",
         **ONE_CPU_PROCESS,
         **PLANNED_HARDWARE,
+        **SFT_ONLY,
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 from ..errors import XtrainError
 from ..plan.schema import Plan
-from ..recipe import Hardware, Train
+from ..recipe import Hardware, Preference, Train
 
 log = logging.getLogger(__name__)
 Status = Literal["trains", "translate-only"]
@@ -87,6 +87,9 @@ PLANNED_HARDWARE = {field: "plan" for field in ("hardware.gpu_model", "hardware.
                                                 "hardware.host_memory_gb")}
 ONE_CPU_PROCESS = {field: "capabilities" for field in ("hardware.accelerator", "hardware.gpus", "hardware.nodes",
                                                        "hardware.processes")}
+# The objective fields of a backend that trains supervised fine-tuning only: preflight refuses the others by name.
+SFT_ONLY = {field: "capabilities" for field in ("train.objective", *(f"train.preference.{name}"
+                                                                     for name in Preference.model_fields))}
 
 
 class Backend(Protocol):
@@ -123,6 +126,9 @@ def refusal(name: str, can: Capabilities, train: Train, hardware: Hardware, pack
                 f"hardware.processes {hardware.processes}: set hardware.processes: {can.max_processes}, {others}")
     if train.method not in can.methods:
         return f"train.backend {name} does not train method {train.method!r}: set train.method: {can.methods[0]}, {others}"
+    if train.objective not in can.objectives:
+        return (f"train.backend {name} does not train objective {train.objective!r} (train.objective): set "
+                f"train.objective: {' or '.join(can.objectives)}, {others}")
     if packed and not can.packing:
         return f"train.backend {name} cannot train on packed rows: set data.packing: false, {others}"
     if can.status != "trains":

@@ -21,7 +21,7 @@ from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, labels, split_fil
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, grouped_lora_targets, save_steps
+from .base import PLANNED_HARDWARE, SFT_ONLY, Capabilities, TrainJob, TrainResult, grouped_lora_targets, save_steps
 
 IMAGE = "rocm/primus:v26.8"  # the container launcher's default image (Primus CLI reference)
 # Megatron Bridge recipe module and flavor per Hugging Face model_type: the flavor supplies optimizer and
@@ -200,6 +200,7 @@ class Primus:
         "hardware.nodes": "argv",
         "hardware.processes": "capabilities",
         **PLANNED_HARDWARE,
+        **SFT_ONLY,
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:

@@ -28,7 +28,7 @@ from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, grouped_lora_targets
+from .base import PLANNED_HARDWARE, SFT_ONLY, Capabilities, TrainJob, TrainResult, grouped_lora_targets
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +307,7 @@ class Torchtune:
         "hardware.nodes": "capabilities",
         "hardware.processes": "capabilities",
         **PLANNED_HARDWARE,
+        **SFT_ONLY,
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:

@@ -12,7 +12,14 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from xtrain_backend_side.prepared import split_file, train_split_is_packed, training_columns
+from xtrain_backend_side.prepared import (
+    COMPLETION_IDS,
+    LABEL,
+    PREFERENCE_COLUMNS,
+    split_file,
+    train_split_is_packed,
+    training_columns,
+)
 from xtrain_backend_side.trainer_parts import save_every, step_grouped
 
 from ..errors import XtrainError
@@ -26,6 +33,11 @@ TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # Where each recipe field lands in `native` (see backends/base.py); the backends add their hardware fields.
 TRL_FIELDS = {
     "train.backend": "registry",
+    "train.objective": "objective",
+    "train.preference.beta": "config.beta",
+    "train.preference.loss_type": "config.loss_type",
+    "train.preference.desirable_weight": "config.desirable_weight",
+    "train.preference.undesirable_weight": "config.undesirable_weight",
     "train.method": "peft",
     "train.lora.r": "peft.r",
     "train.lora.alpha": "peft.lora_alpha",
@@ -45,6 +57,9 @@ TRL_FIELDS = {
     "train.seed": "config.seed",
     **PLANNED_HARDWARE,
 }
+
+
+CONFIGS = {"sft": lambda trl: trl.SFTConfig, "dpo": lambda trl: trl.DPOConfig, "kto": lambda trl: trl.KTOConfig}
 
 
 @dataclass(frozen=True)
@@ -75,8 +90,10 @@ def cpu_placement(plan: dict) -> Placement:
     return Placement("cpu", plan.precision)
 
 
-def trainer_class():
-    """SFTTrainer, with two changes.
+def trainer_class(objective: str = "sft"):
+    """The TRL trainer of the objective: SFTTrainer (below), or DPOTrainer / KTOTrainer (`preference_trainer`).
+
+    SFTTrainer, with two changes:
 
     - Length grouping per optimizer step rather than per process (`trainer_parts.step_grouped`): N
       processes train on exactly the rows one process does, in the same order.
@@ -88,11 +105,35 @@ def trainer_class():
     from transformers import Trainer
     from trl import SFTTrainer
 
+    if objective != "sft":
+        return preference_trainer(objective)
+
     class XtrainSFTTrainer(step_grouped(SFTTrainer)):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
     return XtrainSFTTrainer
+
+
+def preference_trainer(objective: str):
+    """DPOTrainer or KTOTrainer on the rows prepare tokenized with the recipe's chat template (`prompt_ids` and each
+    answer's ids): TRL's own tokenization of text is skipped. With LoRA, the reference model is the base with the
+    adapter disabled (no second copy); with a full fine-tune, TRL's frozen copy."""
+    from trl import DPOTrainer, KTOTrainer
+
+    class XtrainDPOTrainer(DPOTrainer):
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            return dataset
+
+    class XtrainKTOTrainer(KTOTrainer):
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            if not self.calculate_KL:
+                return dataset
+            # KTO's KL term, as TRL estimates it: each completion paired with the previous row's prompt, per batch.
+            return dataset.map(lambda rows: {"KL_completion_ids": rows[COMPLETION_IDS][-1:] + rows[COMPLETION_IDS][:-1]},
+                               batched=True, batch_size=args.per_device_train_batch_size)
+
+    return {"dpo": XtrainDPOTrainer, "kto": XtrainKTOTrainer}[objective]
 
 
 def fsdp_settings(job: TrainJob) -> dict:
@@ -129,11 +170,15 @@ def native(job: TrainJob, placement: Placement) -> dict:
     `peft.LoraConfig`'s (None for a full fine-tune)."""
     packed = train_split_is_packed(job.prepared_dir)
     fsdp = fsdp_settings(job)
+    objective = job.train.objective
+    arguments = sft_arguments(job, placement, packed, fsdp=bool(fsdp))
     return {
         "placement": {"device": placement.device, "precision": placement.precision},
-        "config": sft_arguments(job, placement, packed, fsdp=bool(fsdp)) | fsdp,
+        "objective": objective,
+        "config": (arguments if objective == "sft" else preference_arguments(job, arguments)) | fsdp,
         "peft": job.train.lora.peft_kwargs() | {"task_type": "CAUSAL_LM"} if job.train.method == "lora" else None,
-        "columns": training_columns(packed),
+        "columns": training_columns(packed) if objective == "sft" else
+        [*PREFERENCE_COLUMNS[objective], *([LABEL] if objective == "kto" else [])],
         "save_every_seconds": job.train.checkpoint_minutes * 60,
     }
 
@@ -184,6 +229,23 @@ def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool 
     )
 
 
+def preference_arguments(job: TrainJob, sft: dict) -> dict:
+    """`DPOConfig` / `KTOConfig` keyword arguments: the SFT ones without packing, and the objective's settings. The
+    recipe's LoRA dropout is kept (TRL would disable dropout); at step 0 the adapter adds nothing, so the policy still
+    equals the reference and the first DPO loss is ln 2."""
+    settings = job.train.preference
+    arguments = {key: value for key, value in sft.items() if key not in ("packing", "padding_free")}
+    arguments |= {"beta": settings.beta, "disable_dropout": False,
+                  # Rows are not length-grouped (TRL's preference collators pad each batch); KTO's KL estimate pairs
+                  # rows within a batch in their stored order, which TRL requires to be sequential.
+                  "train_sampling_strategy": "sequential" if job.train.objective == "kto" else "random"}
+    if job.train.objective == "dpo":
+        arguments["loss_type"] = [settings.loss_type]
+    else:
+        arguments |= {"desirable_weight": settings.desirable_weight, "undesirable_weight": settings.undesirable_weight}
+    return arguments
+
+
 def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     """Train `job` in this process (one of several under torchrun, or alone) and save the weights and the
     tokenizer in `job.out` (the main process only)."""
@@ -191,7 +253,7 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig
+    import trl
 
     train, plan = job.train, job.plan
     on_cpu = placement.device == "cpu"
@@ -206,8 +268,8 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     model.config.use_cache = False
     dataset = Dataset.from_parquet(str(split_file(job.prepared_dir))).select_columns(settings["columns"])
     peft_config = LoraConfig(**settings["peft"]) if settings["peft"] else None
-    args = SFTConfig(**settings["config"])
-    trainer = trainer_class()(
+    args = CONFIGS[job.train.objective](trl)(**settings["config"])
+    trainer = trainer_class(job.train.objective)(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
         callbacks=callbacks(settings["save_every_seconds"]),
     )

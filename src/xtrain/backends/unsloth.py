@@ -18,7 +18,7 @@ from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import ONE_CPU_PROCESS, Capabilities, TrainJob, TrainResult
+from .base import ONE_CPU_PROCESS, SFT_ONLY, Capabilities, TrainJob, TrainResult
 from .trl import TRL_FIELDS, cpu_placement, sft_arguments
 
 RUNNER = "xtrain_backend_side.unsloth_runner"
@@ -36,7 +36,7 @@ class Unsloth:
                  for field, where in TRL_FIELDS.items()},
               "train.method": "job.method",
               "train.checkpoint_minutes": "job.checkpoint_seconds",
-              **ONE_CPU_PROCESS}
+              **ONE_CPU_PROCESS, **SFT_ONLY}
 
     def check(self, train: Train, hardware: Hardware) -> None:
         if train.method == "lora" and train.lora.target_modules == ["all-linear"]:

@@ -25,12 +25,13 @@ from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK
 from ..artifacts import atomic_dir, write_json
 from ..errors import XtrainError
 from ..recipe import Data, DataSource, content_hash
+from . import preference
 from .dedupe import NearDuplicates, exact_key
 from .formats import TEXT_ROLE, Chat, DropRow, Normaliser, RowError, detect_format, drop_reason, other_kind
 from .report import preview, split_stats
 from .sources import SourceRows, read_source
 from .templates import ChatTemplate, resolve
-from .tokenize import check_template, encode_batch
+from .tokenize import check_template, encode_batch, encode_chats
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +183,8 @@ def source_format(source: DataSource, found: SourceRows) -> str:
     if kind := other_kind(found.rows[0]):
         raise XtrainError(
             f"{found.where(0)}: this source holds {kind[0]}, not supervised chat data: an SFT recipe would train on "
-            f"part of each row and drop what makes it {kind[0].split(' (')[0]}. It needs {kind[1]}, which this "
-            "version of xtrain does not train yet; remove the source from data.sources"
+            f"part of each row and drop what makes it {kind[0].split(' (')[0]}. Set {kind[1]}, or remove the source "
+            "from data.sources"
         )
     fmt = source.format if source.format != "auto" else detect_format(found.rows[0])
     if fmt is None:
@@ -324,16 +325,20 @@ def pack(table: pa.Table, seq_len: int):
 
 
 def prepare(
-    sources: list[Path], model_dir: Path, data: Data, out: Path, trust_remote_code: bool = False
+    sources: list[Path], model_dir: Path, data: Data, out: Path, trust_remote_code: bool = False,
+    objective: str = "sft",
 ) -> dict[str, Any]:
     """Build `out` (train/eval Parquet, manifest.json, preview.txt) atomically; return the manifest.
 
-    `sources` are the local files of `data.sources` in order (hub sources have none).
+    `sources` are the local files of `data.sources` in order (hub sources have none); `objective` (the recipe's
+    train.objective) says whether they hold chats (sft) or preference data (dpo, kto).
     """
     from datasets import Dataset
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    if objective != "sft":
+        return prepare_preference(sources, tokenizer, model_dir, data, out, objective)
     seen: set[str] = set()
     near = NearDuplicates(data.near_dedupe_threshold) if data.near_dedupe_threshold else None
     chats, origin, per_source = [], [], {}
@@ -430,3 +435,100 @@ def prepare(
         log.info("%s (%s): kept %d of %d rows, dropped %s", name, stats["format"], stats["kept"], stats["rows"],
                  stats["dropped"] or "none")
     return manifest
+
+
+def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Data, out: Path, objective: str):
+    """prepare for train.objective dpo (pairs) or kto (labelled answers): each example's prompt tokens once and
+    each answer's tokens, split by prompt so that examples sharing a prompt stay in one split."""
+    from datasets import Dataset
+
+    seen: set[str] = set()
+    examples, origin, per_source = [], [], {}
+    for index, (source, path) in enumerate(zip(data.sources, local_paths(data, sources))):
+        found = read_source(source, path)
+        fmt, read, dropped = preference.read_examples(source, found, objective, seen)
+        unfilled = Counter()
+        for example in read:
+            chat = fill_placeholders({"messages": [*example["prompt"], *preference.answers(example)]}, source.replace,
+                                     unfilled)
+            example["prompt"] = chat["messages"][: len(example["prompt"])]
+            for key, message in zip(preference.ANSWER_KEYS[objective], chat["messages"][len(example["prompt"]):]):
+                example[key] = message
+        per_source[found.name] = {"format": fmt, "rows": len(found.rows), "weight": source.weight, "dropped": dropped,
+                                  **({"unfilled_placeholders": dict(sorted(unfilled.items()))} if unfilled else {})}
+        examples += read
+        origin += [index] * len(read)
+    template = resolve(tokenizer, data.chat_template, model_dir)
+    end_of_turn = check_template(tokenizer, template)
+    rendered = [[apply_tool_calls(apply_reasoning(chat, data.reasoning, template), data.tool_calls, template)
+                 for chat in preference.chats(example)] for example in examples]
+    flat = [chat for chats in rendered for chat in chats]
+    encoded = iter(encode_chats(tokenizer, template, [c["messages"] for c in flat], [c["tools"] for c in flat]))
+    columns = preference.COLUMNS[objective]
+    splits: dict[str, list[dict]] = {name: [] for name in SPLITS}
+    for example, chats, source_index in zip(examples, rendered, origin):
+        prompt_ids, answer_ids = preference.answer_tokens([next(encoded) for _ in chats])
+        stats = per_source[data.sources[source_index].name]
+        if len(prompt_ids) + max(map(len, answer_ids)) > data.seq_len:
+            stats["dropped"]["over seq_len"] += 1
+            continue
+        row = {columns[0]: prompt_ids, **dict(zip(columns[1:], answer_ids)), "row_hash": content_hash(example),
+               **({"label": example["label"]} if objective == "kto" else {})}
+        if is_eval_row(preference.prompt_hash(example), data.eval_fraction):
+            splits["eval"].append(row)
+        else:
+            splits["train"].extend([row] * repeats(row["row_hash"], data.sources[source_index].weight))
+    for stats in per_source.values():
+        stats["kept"] = stats["rows"] - sum(stats["dropped"].values())
+        stats["dropped"] = dict(sorted(stats["dropped"].items()))
+    warnings = preference_warnings(per_source, data)
+    for warning in warnings:
+        log.warning("%s", warning)
+    for name, rows in splits.items():
+        if not rows:
+            counts = "; ".join(f"{source}: read {stats['rows']}, kept {stats['kept']}, dropped "
+                               f"{', '.join(f'{n} {reason}' for reason, n in stats['dropped'].items()) or 'none'}"
+                               for source, stats in per_source.items())
+            raise XtrainError(f"the {name} split is empty ({counts}); add data or change data.eval_fraction")
+    manifest: dict[str, Any] = {
+        "objective": objective,
+        "sources": per_source,
+        "seq_len": data.seq_len,
+        "chat_template": data.chat_template,
+        "masking": template.method,
+        "end_of_turn": end_of_turn,
+        "train_on_inputs": False,
+        "packing": False,
+        "splits": {name: preference.split_stats(rows, columns, data.seq_len) for name, rows in splits.items()},
+        **({"warnings": warnings} if warnings else {}),
+    }
+    with atomic_dir(out) as staging:
+        fingerprint = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode() + template.stock.encode())
+        for name, rows in splits.items():
+            Dataset.from_list(rows).to_parquet(str(staging / f"{name}.parquet"))
+            fingerprint.update((staging / f"{name}.parquet").read_bytes())
+        manifest["fingerprint"] = fingerprint.hexdigest()
+        write_json(staging / "manifest.json", manifest)
+        (staging / "preview.txt").write_text(preference.preview(splits["train"], columns, tokenizer), encoding="utf-8")
+        (staging / CHAT_TEMPLATE_FILE).write_text(template.stock, encoding="utf-8")
+    for name, stats in per_source.items():
+        log.info("%s (%s): kept %d of %d rows, dropped %s", name, stats["format"], stats["kept"], stats["rows"],
+                 stats["dropped"] or "none")
+    return manifest
+
+
+def preference_warnings(per_source: dict, data: Data) -> list[str]:
+    """A warning for each source that lost data.drop_warning or more of its rows, and for unfilled placeholders."""
+    warnings = []
+    for name, stats in per_source.items():
+        dropped = sum(stats["dropped"].values())
+        if stats["rows"] and dropped / stats["rows"] >= data.drop_warning:
+            reasons = ", ".join(f"{count} {reason}" for reason, count in stats["dropped"].items())
+            advice = "; a larger data.seq_len keeps the long ones" if stats["dropped"].get("over seq_len") else ""
+            warnings.append(f"{name}: {dropped} of {stats['rows']} rows ({dropped / stats['rows']:.0%}) dropped "
+                            f"({reasons}){advice} (this warning: data.drop_warning {data.drop_warning})")
+        if stats.get("unfilled_placeholders"):
+            found = ", ".join(f"{{{{{k}}}}} x{v}" for k, v in stats["unfilled_placeholders"].items())
+            warnings.append(f"{name}: placeholders left in the text ({found}) would be trained literally; fill them "
+                            "with data.sources[].replace")
+    return warnings

@@ -38,6 +38,9 @@ GPU_CONTEXT_BYTES = int(0.75 * GIB)
 ALLOCATOR_SLACK = 1.1
 FSDP_GATHERED_BLOCKS = 2  # FSDP holds the current block's full weights and prefetches the next one
 GPU_HOST_CPUS = 8  # cores per GPU for the launcher and data loading, when hardware.cpus is unset
+# A preference step also runs the reference model forward (no backward) on the same sequences: about a third of a
+# forward + backward.
+REFERENCE_FORWARD = 1 / 3
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Planner:
     estimator: str = "traced"
     fallback_reason: str | None = None
     trust_remote_code: bool = False  # model.trust_remote_code: the model folder's own code builds it
+    sequences: int = 1  # sequences per training row (2 for a DPO pair, and for KTO's answer and its KL pairing)
 
     def breakdown(self, step: Step, strategy: str) -> dict[str, int]:
         """Peak bytes on one device, by kind, with FSDP's sharding applied."""
@@ -66,13 +70,17 @@ class Planner:
         }
 
     def estimate(self, step: Step) -> dict[str, int]:
+        breakdown = None
         if self.estimator == "traced":
             try:
-                return traced(self.model_dir, self.train, step, self.trust_remote_code).breakdown
+                breakdown = dict(traced(self.model_dir, self.train, step, self.trust_remote_code).breakdown)
             except Exception as exc:  # an architecture the fake-tensor trace cannot run: fall back, say why
                 self.estimator, self.fallback_reason = "analytical", f"{type(exc).__name__}: {exc}"[:300]
                 log.warning("memory trace failed, using the analytical estimator: %s", self.fallback_reason)
-        return analytical(self.params, self.train.method, step)
+        breakdown = breakdown or analytical(self.params, self.train.method, step)
+        if self.train.objective != "sft" and self.train.method == "full":  # the frozen reference model
+            breakdown["weights"] += self.params["total"] * BYTES[step.weights_dtype]
+        return breakdown
 
     def reserved(self, peak: int) -> int:
         """What the device must hold for a tensor peak of `peak` bytes."""
@@ -97,10 +105,12 @@ class Planner:
         rates = device_rates(self.hardware, step.precision, self.params["hidden_size"])
         if self.estimator == "traced":
             trace = traced(self.model_dir, self.train, step, self.trust_remote_code)
-            per_token, ops, source = trace.flops / (step.micro_batch * step.seq_len), trace.ops, "traced"
+            per_token, ops, source = trace.flops / (step.rows * step.seq_len), trace.ops, "traced"
         else:  # without a trace the op count is unknown: small models will run slower than predicted
             per_token, ops, source = flops_per_token(self.params, step.seq_len, step.checkpointing), 0, "analytical"
         seconds = tokens * per_token / rates["matmul_flops"] + ops * rates["op_seconds"]
+        if self.train.objective != "sft":
+            seconds *= 1 + REFERENCE_FORWARD
         return seconds, {"flops_per_token": round(per_token), "flops_source": source, "ops_per_micro_step": ops,
                          "device_flops": rates["matmul_flops"], "op_seconds": rates["op_seconds"],
                          "throughput_source": rates["source"],
@@ -112,11 +122,15 @@ def make_plan(
     model_dir: Path, manifest: dict, train: Train, hardware: Hardware, trust_remote_code: bool = False
 ) -> Plan:
     params = count_parameters(model_dir, train, trust_remote_code)
-    planner = Planner(model_dir, train, hardware, params, trust_remote_code=trust_remote_code)
     data = manifest["splits"]["train"]
+    if manifest.get("objective", "sft") != train.objective:
+        raise XtrainError(f"the prepared data is for train.objective {manifest.get('objective', 'sft')}, the recipe says "
+                          f"{train.objective}: re-run prepare")
+    sequences = data.get("sequences_per_row", 1) if train.objective == "dpo" else 1 + (train.objective == "kto")
+    planner = Planner(model_dir, train, hardware, params, trust_remote_code=trust_remote_code, sequences=sequences)
     # Batches are padded to their longest row, so the longest row sets the peak.
     longest = min(data.get("max_len") or manifest["seq_len"], manifest["seq_len"])
-    mean_len = data["tokens"] / data["rows"]
+    mean_len = data["tokens"] / (data["rows"] * data.get("sequences_per_row", 1))
     per_device = check_micro_batch(train, hardware)
     steps = train.max_steps or math.ceil(math.ceil(data["rows"] / train.global_batch_size) * train.epochs)
 
@@ -125,7 +139,7 @@ def make_plan(
     for precision in candidates_precisions:
         layout = choose_layout(planner, precision, per_device, longest)
         if layout:
-            micro_seconds, speed = planner.seconds_per_micro_step(layout["step"], layout["step"].micro_batch * mean_len)
+            micro_seconds, speed = planner.seconds_per_micro_step(layout["step"], layout["step"].rows * mean_len)
             candidates.append((micro_seconds * layout["accumulation"], layout, speed))
     if not candidates:
         raise does_not_fit(planner, candidates_precisions[0], per_device, longest)
@@ -168,7 +182,7 @@ def make_plan(
         },
         "time": {
             "steps": steps,
-            "tokens_per_step": round(train.global_batch_size * mean_len),
+            "tokens_per_step": round(train.global_batch_size * sequences * mean_len),
             **speed,
             "seconds_per_step": round(step_seconds, 4),
             "seconds": round(seconds, 1),
@@ -218,7 +232,8 @@ def first_step(planner: Planner, precision: str, micro: int, seq_len: int, check
     hardware = planner.hardware
     # Full fine-tunes keep fp32 master weights; LoRA holds the frozen base in the GPU's 16-bit dtype.
     weights = precision if planner.train.method == "lora" and hardware.accelerator != "cpu" else "fp32"
-    return Step(micro, seq_len, precision, weights, checkpointing, foreach=hardware.accelerator != "cpu")
+    return Step(micro, seq_len, precision, weights, checkpointing, foreach=hardware.accelerator != "cpu",
+                sequences=planner.sequences)
 
 
 def choose_layout(planner: Planner, precision: str, per_device: int, seq_len: int) -> dict[str, Any] | None:

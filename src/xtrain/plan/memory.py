@@ -39,6 +39,12 @@ class Step:
     weights_dtype: str  # dtype the frozen weights are held in; trainable ones are always fp32
     checkpointing: bool
     foreach: bool  # AdamW's multi-tensor path, as torch picks it on GPUs
+    sequences: int = 1  # sequences per row: a DPO pair is two (prompt + chosen, prompt + rejected) in one batch
+
+    @property
+    def rows(self) -> int:
+        """Sequences in one forward pass."""
+        return self.micro_batch * self.sequences
 
 
 class Trace(NamedTuple):
@@ -76,7 +82,7 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
         if method == "lora" and step.checkpointing:
             model.enable_input_require_grads()  # as the HF Trainer does for adapters under checkpointing
         model.train()
-        ids = torch.zeros((step.micro_batch, step.seq_len), dtype=torch.long)
+        ids = torch.zeros((step.rows, step.seq_len), dtype=torch.long)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=step.foreach)
         autocast = (nullcontext() if step.precision == "fp32"
                     else torch.autocast("cpu", dtype=torch_dtype(step.precision)))
@@ -170,7 +176,7 @@ def analytical(params: dict, method: str, step: Step) -> dict[str, int]:
     half = step.precision != "fp32"
     trainable, frozen = params["trainable"], params["total"] - params["trainable"]
     h, inter, layers, vocab = params["hidden_size"], params["intermediate_size"], params["layers"], params["vocab_size"]
-    tokens = step.micro_batch * step.seq_len
+    tokens = step.rows * step.seq_len
     c_hidden, c_mlp = ACTIVATION_COEFFICIENTS[(method, half)]
     layer = tokens * (c_hidden * h + c_mlp * inter)
     # Checkpointing keeps each layer's fp32 input and recomputes one layer at a time in backward.

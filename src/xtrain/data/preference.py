@@ -1,0 +1,245 @@
+"""Preference data (train.objective dpo or kto): rows of the formats users bring -> prompt and answer tokens.
+
+A pair is `{"prompt": [messages], "chosen": message, "rejected": message, "tools"}` and a labelled answer (KTO)
+`{"prompt": [messages], "completion": message, "label": bool, "tools"}`, read from:
+
+- `message_pairs`: LLaMA-Factory's `chosen_messages` / `rejected_messages` (whole conversations, typed content
+  parts and per-turn `loss_weight` as in SFT data), or TRL's implicit-prompt `chosen` / `rejected` message lists;
+  the prompt is what both share before their last (assistant) turn;
+- `sharegpt_pairs`: LLaMA-Factory's `conversations` (the prompt) + `chosen` / `rejected` turns ({from, value});
+- `alpaca_pairs`: `instruction` / `input` (and `system`, `history`) + `chosen` / `rejected` answers;
+- `prompt_pairs`: TRL's `prompt` / `chosen` / `rejected`, as text or as message lists;
+- `labelled`: `messages` or `conversations` (the last turn is the answer) or TRL's `prompt` / `completion`, with a
+  boolean `label` (or its text) or LLaMA-Factory's `kto_tag`.
+
+Every chat is rendered with the recipe's chat template as SFT chats are (`tokenize.encode_chats`); the prompt's
+tokens are kept once, and each answer's tokens are exactly its supervised span (its text and end-of-turn token).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from xtrain_backend_side.prepared import PREFERENCE_COLUMNS as COLUMNS
+
+from ..errors import XtrainError
+from ..recipe import DataSource, content_hash
+from .formats import Chat, DropRow, Normaliser, RowError, drop_reason, is_kto_label
+from .report import HISTOGRAM_BINS, PREVIEW_ROWS, TRAINED
+from .sources import SourceRows
+
+Example = dict[str, Any]
+# The columns that tell each format, tried in this order (the first row decides).
+PAIR_FORMATS = (
+    (("chosen_messages", "rejected_messages"), "message_pairs"),
+    (("conversations", "chosen", "rejected"), "sharegpt_pairs"),
+    (("instruction", "chosen", "rejected"), "alpaca_pairs"),
+    (("prompt", "chosen", "rejected"), "prompt_pairs"),
+    (("chosen", "rejected"), "message_pairs"),
+)
+LABEL_COLUMNS = ("label", "kto_tag")
+ANSWER_KEYS = {"dpo": ("chosen", "rejected"), "kto": ("completion",)}
+SFT_HINT = "supervised chat data (no chosen/rejected answers, no label): set train.objective: sft"
+
+
+def detect(row: dict[str, Any], objective: str) -> str:
+    """The preference format of a source from its first row, or an error naming what the data is instead."""
+    if objective == "kto":
+        if any(column in row for column in LABEL_COLUMNS) and (
+                "messages" in row or "conversations" in row or ("prompt" in row and "completion" in row)):
+            return "labelled"
+        if any(all(column in row for column in columns) for columns, _ in PAIR_FORMATS):
+            raise XtrainError("this source holds preference pairs (chosen/rejected), not labelled answers: set "
+                              "train.objective: dpo")
+        raise XtrainError(f"this source holds {SFT_HINT}, or KTO rows lack a `label`/`kto_tag` column (columns: "
+                          f"{sorted(row)})")
+    found = next((fmt for columns, fmt in PAIR_FORMATS if all(column in row for column in columns)), None)
+    if found:
+        return found
+    if any(column in row for column in LABEL_COLUMNS):
+        raise XtrainError("this source holds unpaired answers with a label (KTO), not pairs: set train.objective: kto")
+    raise XtrainError(f"this source holds {SFT_HINT} (columns: {sorted(row)}); a DPO source has `chosen` and "
+                      "`rejected` answers")
+
+
+class PreferenceReader:
+    """Reads the rows of one preference source into pairs or labelled answers."""
+
+    def __init__(self, source: DataSource, fmt: str):
+        self.fmt = fmt
+        self.chats = Normaliser(source, "messages")
+        self.sharegpt = Normaliser(source, "sharegpt")
+        self.alpaca = Normaliser(source, "alpaca")
+
+    def read(self, row: dict[str, Any]) -> Example:
+        return getattr(self, f"read_{self.fmt}")(row)
+
+    def messages(self, value: Any, field: str) -> list[dict]:
+        if isinstance(value, str):
+            return [{"role": "assistant", "content": value}]
+        if not isinstance(value, list):
+            raise RowError(field, f"must be text or a list of messages, got {type(value).__name__}")
+        return self.chats.turns(value, field, "role", "content")
+
+    def read_message_pairs(self, row: dict[str, Any]) -> Example:
+        key = "chosen_messages" if "chosen_messages" in row else "chosen"
+        other = key.replace("chosen", "rejected")
+        chosen, rejected = self.messages(row[key], key), self.messages(row[other], other)
+        if chosen[:-1] != rejected[:-1]:
+            raise RowError(other, f"differs from `{key}` before the last turn; a pair shares its prompt")
+        return pair(chosen[:-1], chosen[-1], rejected[-1], self.chats.tools(row))
+
+    def read_sharegpt_pairs(self, row: dict[str, Any]) -> Example:
+        prompt = self.sharegpt.read_sharegpt(row)
+        answers = [self.sharegpt.turns([row[key]], key, "from", "value")[0] if isinstance(row[key], dict)
+                   else {"role": "assistant", "content": row[key]} for key in ("chosen", "rejected")]
+        return pair(prompt["messages"], *answers, prompt["tools"])
+
+    def read_alpaca_pairs(self, row: dict[str, Any]) -> Example:
+        chosen, rejected = (self.alpaca.read_alpaca({**row, "output": row[key]})["messages"]
+                            for key in ("chosen", "rejected"))
+        return pair(chosen[:-1], chosen[-1], rejected[-1], None)
+
+    def read_prompt_pairs(self, row: dict[str, Any]) -> Example:
+        prompt = row["prompt"]
+        prompt = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
+                  else self.chats.turns(prompt, "prompt", "role", "content") if isinstance(prompt, list)
+                  else None)
+        if prompt is None:
+            raise RowError("prompt", "must be text or a list of messages")
+        chosen, rejected = (self.messages(row[key], key) for key in ("chosen", "rejected"))
+        if len(chosen) != 1 or len(rejected) != 1:
+            raise RowError("chosen", "with a `prompt` column, `chosen` and `rejected` are one answer each")
+        return pair(prompt, chosen[0], rejected[0], self.chats.tools(row))
+
+    def read_labelled(self, row: dict[str, Any]) -> Example:
+        label = row.get("label", row.get("kto_tag"))
+        if not is_kto_label(label):
+            raise RowError("label" if "label" in row else "kto_tag", f"true or false, got {label!r}")
+        label = label if isinstance(label, bool) else label.strip().lower() == "true"
+        if "messages" in row or "conversations" in row:
+            chat = self.chats.read_messages(row) if "messages" in row else self.sharegpt.read_sharegpt(row)
+            prompt, completion, tools = chat["messages"][:-1], chat["messages"][-1], chat["tools"]
+        else:
+            prompt = self.messages(row["prompt"], "prompt") if isinstance(row["prompt"], list) else [
+                {"role": "user", "content": row["prompt"]}]
+            completion, tools = self.messages(row["completion"], "completion")[-1], self.chats.tools(row)
+        return {"prompt": context(prompt), "completion": answer(completion), "label": label, "tools": tools}
+
+
+def pair(prompt: list[dict], chosen: dict, rejected: dict, tools: str | None) -> Example:
+    return {"prompt": context(prompt), "chosen": answer(chosen), "rejected": answer(rejected), "tools": tools}
+
+
+def context(messages: list[dict]) -> list[dict]:
+    """The prompt's turns: its assistant turns are context, never trained."""
+    return [{**m, "train": False} if m["role"] == "assistant" else m for m in messages]
+
+
+def answer(message: dict) -> dict:
+    return {key: value for key, value in message.items() if key != "train"}
+
+
+def answers(example: Example) -> list[dict]:
+    return [example[key] for key in ANSWER_KEYS["dpo" if "chosen" in example else "kto"]]
+
+
+def chats(example: Example) -> list[Chat]:
+    """The chats an example is rendered as: prompt + each answer."""
+    return [{"messages": [*example["prompt"], reply], "tools": example["tools"]} for reply in answers(example)]
+
+
+def example_drop_reason(example: Example) -> str | None:
+    for reply in answers(example):
+        if reply["role"] != "assistant":
+            return "last turn is not the assistant's"
+        if not reply["content"].strip() and not reply.get("tool_calls"):
+            return "empty answer"
+    if "chosen" in example and example["chosen"] == example["rejected"]:
+        return "chosen identical to rejected"
+    return next((reason for chat in chats(example) if (reason := drop_reason(chat))), None)
+
+
+def read_examples(source: DataSource, found: SourceRows, objective: str, seen: set[str]):
+    """A source's readable, trainable, not-yet-seen examples, its format and its drop counts."""
+    try:
+        fmt = detect(found.rows[0], objective)
+    except XtrainError as exc:
+        raise XtrainError(f"{found.where(0)}: {exc}") from None
+    reader = PreferenceReader(source, fmt)
+    examples, dropped = [], Counter()
+    for index, row in enumerate(found.rows):
+        try:
+            example = reader.read(row)
+        except RowError as exc:
+            raise XtrainError(f"{found.where(index)}: {exc}") from None
+        except DropRow as exc:
+            dropped[str(exc)] += 1
+            continue
+        except KeyError as exc:
+            raise XtrainError(f"{found.where(index)}: field `{exc.args[0]}`: missing column; the first row's columns "
+                              f"made this source {fmt}") from None
+        reason = example_drop_reason(example)
+        key = content_hash(example)
+        if reason is None and key in seen:
+            reason = "duplicate"
+        if reason is not None:
+            dropped[reason] += 1
+            continue
+        seen.add(key)
+        examples.append(example)
+    return fmt, examples, dropped
+
+
+def prompt_hash(example: Example) -> str:
+    """Examples split by their prompt: pairs that share one stay in one split."""
+    return content_hash([example["prompt"], example["tools"]])
+
+
+def answer_tokens(encoded: list[tuple[list[int], list[int]]]) -> tuple[list[int], list[list[int]]]:
+    """From an example's encoded chats (prompt + each answer): the prompt's tokens once, and each answer's tokens
+    (its supervised span). The prompt ends where the chats' tokens first differ or the first answer starts."""
+    starts = [mask.index(1) for _, mask in encoded]
+    ends = [len(mask) - mask[::-1].index(1) for _, mask in encoded]
+    length = min(starts)
+    first = encoded[0][0]
+    for ids, _ in encoded[1:]:
+        length = min(length, next((i for i, (a, b) in enumerate(zip(first, ids)) if a != b), min(len(first), len(ids))))
+    return first[:length], [ids[length:end] for (ids, _), end in zip(encoded, ends)]
+
+
+def split_stats(rows: list[dict], columns: tuple[str, ...], seq_len: int) -> dict[str, Any]:
+    """Counts of one split; each example is one sequence per answer (prompt + answer), as the trainer sees them."""
+    lengths = np.array([len(row[columns[0]]) + len(row[key]) for row in rows for key in columns[1:]])
+    supervised = sum(len(row[key]) for row in rows for key in columns[1:])
+    counts, edges = np.histogram(lengths, bins=HISTOGRAM_BINS, range=(0, seq_len))
+    stats = {
+        "rows": len(rows),
+        "examples": len(rows),
+        "sequences_per_row": len(columns) - 1,
+        "tokens": int(lengths.sum()),
+        "supervised_tokens": int(supervised),
+        "supervised_fraction": round(supervised / int(lengths.sum()), 4),
+        "max_len": int(lengths.max()),
+        "length_histogram": {"bin_edges": edges.astype(int).tolist(), "counts": counts.tolist()},
+        "padding_fraction_unpacked": round(1 - int(lengths.sum()) / (len(lengths) * seq_len), 4),
+    }
+    if "label" in rows[0]:
+        stats["desirable"] = sum(bool(row["label"]) for row in rows)
+    return stats
+
+
+def preview(rows: list[dict], columns: tuple[str, ...], tokenizer) -> str:
+    """The first train examples as the trainer sees them: the prompt, then each answer between TRAINED marks."""
+    blocks = []
+    for i, row in enumerate(rows[:PREVIEW_ROWS]):
+        label = f", label {row['label']}" if "label" in row else ""
+        parts = [f"--- {key.removesuffix('_ids')} ({len(row[key])} tokens) ---\n"
+                 f"{TRAINED[0]}{tokenizer.decode(row[key])}{TRAINED[1]}" for key in columns[1:]]
+        blocks.append(f"=== example {i + 1}: prompt {len(row[columns[0]])} tokens{label} ===\n"
+                      f"{tokenizer.decode(row[columns[0]])}\n" + "\n".join(parts))
+    return (f"First {len(blocks)} train examples: the prompt once (context), then each answer; tokens between "
+            f"{TRAINED[0]} and {TRAINED[1]} are the answer's, scored by the objective.\n" + "\n\n".join(blocks) + "\n")
