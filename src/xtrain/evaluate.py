@@ -2,7 +2,8 @@
 
 Both are scored on the prepared eval split with the same template and masking as training:
 the loss is the mean negative log-likelihood over supervised (assistant) tokens, and perplexity
-is its exponential. Both also answer a fixed set of eval prompts greedily (`generations`), scored
+is its exponential. On preference data (train.objective dpo / kto) the loss is over the chosen (desirable)
+answers, and `preference_eval` adds how each model ranks the answers. Both also answer a fixed set of eval prompts greedily (`generations`), scored
 against the reference answers. eval.json holds flat metric names -> numbers (`recipe.EVAL_METRICS`),
 for `dvc metrics`; the answers themselves go to generations.json. lm-evaluation-harness tasks listed in
 the recipe add their results (`harness`).
@@ -17,7 +18,8 @@ from typing import Any
 from xtrain_backend_side.prepared import IGNORE_INDEX, INPUT_IDS, LOSS_MASK, labels, split_file
 
 from . import generations
-from .artifacts import write_json
+from .artifacts import read_json, write_json
+from .preference_eval import load_preference_split
 from .recipe import Eval
 
 
@@ -30,11 +32,17 @@ def load_eval_split(prepared_dir: Path) -> tuple[list[list[int]], list[list[int]
 
 def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tuple[float, int]:
     """Summed next-token NLL over supervised positions, and how many positions that was."""
+    rows = row_nll(model, input_ids, masks, batch_size, pad_id)
+    return sum(nll for nll, _ in rows), sum(count for _, count in rows)
+
+
+def row_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> list[tuple[float, int]]:
+    """Each row's summed next-token NLL over its supervised positions, and how many positions that was."""
     import torch
     import torch.nn.functional as F
 
     model.eval()
-    total, count = 0.0, 0
+    out: list[tuple[float, int]] = [(0.0, 0)] * len(input_ids)
     # Rows of similar length share a batch, so little of it is padding (the sum does not depend on order).
     order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
     with torch.no_grad():
@@ -53,12 +61,12 @@ def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tup
             # Position t predicts token t+1.
             targets = targets[:, 1:]
             nll = F.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                reduction="sum",
-            )
-            total += nll.item()
-            count += int((targets != IGNORE_INDEX).sum())
-    return total, count
+                logits[:, :-1].transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none"
+            ).sum(dim=1)
+            counts = (targets != IGNORE_INDEX).sum(dim=1)
+            for i, row in enumerate(order[start : start + batch_size]):
+                out[row] = (nll[i].item(), int(counts[i]))
+    return out
 
 
 def load_tuned(model_dir: Path, checkpoint_dir: Path, trust_remote_code: bool = False):
@@ -90,7 +98,9 @@ def evaluate(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir, trust_remote_code=trust_remote_code)
-    input_ids, masks, row_hashes = load_eval_split(prepared_dir)
+    objective = read_json(prepared_dir / "manifest.json").get("objective", "sft")
+    pairs = load_preference_split(prepared_dir, objective) if objective != "sft" else None
+    input_ids, masks, row_hashes = pairs.scored if pairs else load_eval_split(prepared_dir)
     prompts = []
     if settings.generations:
         special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
@@ -103,9 +113,11 @@ def evaluate(
         ),
         "tuned": lambda: load_tuned(model_dir, checkpoint_dir, trust_remote_code),
     }
-    answers = {}
+    answers, scores = {}, {}
     for name, load in candidates.items():
         model = load()
+        if pairs:
+            scores[name] = row_nll(model, *pairs.sequences, settings.batch_size, tokenizer.pad_token_id)
         total, count = supervised_nll(model, input_ids, masks, settings.batch_size, tokenizer.pad_token_id)
         loss = total / count
         metrics[f"{name}_loss"] = loss
@@ -115,6 +127,8 @@ def evaluate(
                                                  settings.max_new_tokens)
     metrics["eval_supervised_tokens"] = count  # the same split and masks for both models
     metrics["loss_improvement"] = metrics["base_loss"] - metrics["tuned_loss"]
+    if pairs:
+        metrics.update(pairs.metrics(scores))
     if settings.lm_eval is not None:
         from .harness import run_tasks
 

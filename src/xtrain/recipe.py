@@ -320,8 +320,10 @@ class Train(Section):
                                  "objective: dpo or kto")
             return data
         for name, only in Preference.ONLY.items():
-            if isinstance(settings, dict) and name in settings and only != objective:
-                raise ValueError(f"preference.{name} applies to objective {only} only, not {objective}: remove it")
+            default = Preference.model_fields[name].default  # a dumped recipe carries every default
+            if isinstance(settings, dict) and settings.get(name, default) != default and only != objective:
+                raise ValueError(f"preference.{name} applies to objective {only} only, not {objective}: remove it "
+                                 "(or leave it at its default)")
         return data if settings is not None else {**data, "preference": {}}
 
 
@@ -401,7 +403,21 @@ GENERATION_METRICS = {
     "base_stop_rate": "share of base answers that end with the end-of-turn token within max_new_tokens",
     "tuned_stop_rate": "share of tuned answers that end with the end-of-turn token within max_new_tokens",
 }
-EVAL_METRICS = {**LOSS_METRICS, **GENERATION_METRICS}
+# Preference recipes (train.objective dpo / kto) add these; their loss metrics are over the chosen (dpo) or the
+# desirable (kto) answers.
+PREFERENCE_METRICS = {
+    "eval_pairs": "held-out pairs (dpo) or labelled answers (kto)",
+    "base_chosen_logp_per_token": "base model's mean log-probability per token of the chosen/desirable answers",
+    "tuned_chosen_logp_per_token": "tuned model's mean log-probability per token of the chosen/desirable answers",
+    "base_rejected_logp_per_token": "base model's mean log-probability per token of the rejected/undesirable answers",
+    "tuned_rejected_logp_per_token": "tuned model's mean log-probability per token of the rejected/undesirable answers",
+    "base_preference_accuracy": "dpo: share of pairs where the base model gives the chosen answer the higher log-prob",
+    "tuned_preference_accuracy": "dpo: share of pairs where the tuned model gives the chosen answer the higher log-prob",
+    "reward_accuracy": "share where the implicit reward (tuned - base log-prob) ranks the chosen answer above the "
+    "rejected one (dpo), or has the sign of the label (kto)",
+    "reward_margin": "dpo: mean implicit reward of chosen minus rejected, in nats (times beta: DPO's reward margin)",
+}
+EVAL_METRICS = {**LOSS_METRICS, **GENERATION_METRICS, **PREFERENCE_METRICS}
 
 
 class Gate(Section):
@@ -452,7 +468,7 @@ class Eval(Section):
     @field_validator("gate")
     @classmethod
     def _gates_on_known_metrics(cls, gate: dict[str, Gate], info: ValidationInfo) -> dict[str, Gate]:
-        known = EVAL_METRICS if info.data.get("generations") else LOSS_METRICS
+        known = EVAL_METRICS if info.data.get("generations") else {**LOSS_METRICS, **PREFERENCE_METRICS}
         harness = info.data.get("lm_eval")
         tasks = harness.tasks if harness else []
         # Harness metric names depend on the task; a gate must at least name a task the recipe runs.

@@ -179,11 +179,12 @@ def plan_rows(plan: Plan, train_metrics: dict[str, Any]) -> list[list[Any]]:
 
 def metrics_rows(metrics: dict[str, float]) -> list[list[Any]]:
     rows = []
-    for name in ("loss", "perplexity", "exact_match", "token_f1", "stop_rate"):
-        if f"tuned_{name}" not in metrics:
+    for name in ("loss", "perplexity", "exact_match", "token_f1", "stop_rate", "preference_accuracy",
+                 "chosen_logp_per_token", "rejected_logp_per_token"):
+        if metrics.get(f"tuned_{name}") is None or metrics.get(f"base_{name}") is None:
             continue
         base, tuned = metrics[f"base_{name}"], metrics[f"tuned_{name}"]
-        lower_is_better = name in ("loss", "perplexity")
+        lower_is_better = name in ("loss", "perplexity", "rejected_logp_per_token")
         better = tuned < base if lower_is_better else tuned > base
         change = "same" if tuned == base else (
             f'<span class="{"better" if better else "worse"}">{"better" if better else "worse"} '
@@ -267,7 +268,8 @@ def write_report(name: str, recipe: dict[str, Any], plan_path: Path, checkpoint_
     answers = (_table(["prompt (as templated)", "reference", "base", "tuned"], generation_rows(records)) if records
                else "<p>No generations (eval.generations is 0).</p>")
     other = _table(["metric", "value", "meaning"], [[html.escape(k), v, html.escape(EVAL_METRICS[k])]
-                                                     for k, v in metrics.items() if k in ("eval_rows", "eval_supervised_tokens", "generations")])
+                                                     for k, v in metrics.items() if k in ("eval_rows", "eval_supervised_tokens", "generations",
+                                                                                          "eval_pairs", "reward_accuracy", "reward_margin")])
     body = f"""
 <h1>{html.escape(name)}</h1>
 <p>{html.escape(recipe['model']['path'])}, {html.escape(recipe['train']['method'])} fine-tune: did it help, and did it break anything?</p>

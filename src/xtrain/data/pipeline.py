@@ -195,9 +195,12 @@ def source_format(source: DataSource, found: SourceRows) -> str:
     return fmt
 
 
-def check_first_rows(source: DataSource, path: Path, rows: int = 20) -> str:
-    """Before any job: a local source's first rows are read, its format detected, and those rows parsed; the format."""
+def check_first_rows(source: DataSource, path: Path, objective: str = "sft", rows: int = 20) -> str:
+    """Before any job: a local source's first rows are read, its format detected (chats for sft, preference data
+    for dpo/kto), and those rows parsed; the format."""
     found = read_source(source, path, limit=rows)
+    if objective != "sft":
+        return preference.read_examples(source, found, objective, set())[0]
     fmt = source_format(source, found)
     normaliser = Normaliser(source, fmt)
     for index, row in enumerate(found.rows):

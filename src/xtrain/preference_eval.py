@@ -1,0 +1,85 @@
+"""Evaluating a preference-tuned model on held-out pairs (dpo) or labelled answers (kto), base vs tuned.
+
+Each answer is scored by its summed log-probability given the prompt under each model. A model prefers the chosen
+answer of a pair when it gives it the higher log-probability; the implicit reward of an answer is the tuned model's
+log-probability minus the base's (DPO's reward divided by beta), so `reward_accuracy` is the share of pairs whose
+chosen answer gained more than the rejected one (for kto: whose reward has the sign of its label), and
+`reward_margin` the mean difference in nats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from xtrain_backend_side.prepared import LABEL, PREFERENCE_COLUMNS, split_file
+
+Scores = list[tuple[float, int]]  # per sequence: summed NLL of the answer, and its token count
+
+
+@dataclass(frozen=True)
+class PreferenceSplit:
+    objective: str
+    prompts: list[list[int]]
+    answers: list[list[list[int]]]  # per row: [chosen, rejected] (dpo) or [completion] (kto)
+    labels: list[bool] | None
+    row_hashes: list[str]
+
+    @property
+    def sequences(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Every answer after its prompt, as (input_ids, loss masks): row by row, answers in column order."""
+        ids, masks = [], []
+        for prompt, answers in zip(self.prompts, self.answers):
+            for answer in answers:
+                ids.append(prompt + answer)
+                masks.append([0] * len(prompt) + [1] * len(answer))
+        return ids, masks
+
+    @property
+    def scored(self) -> tuple[list[list[int]], list[list[int]], list[str]]:
+        """The rows the loss metrics and generations use: the chosen (dpo) or desirable (kto) answers."""
+        ids, masks = self.sequences
+        width = len(self.answers[0])
+        keep = [i for i in range(len(self.prompts)) if self.labels is None or self.labels[i]] or list(
+            range(len(self.prompts)))  # a kto split without a desirable answer: all of them
+        return ([ids[i * width] for i in keep], [masks[i * width] for i in keep], [self.row_hashes[i] for i in keep])
+
+    def metrics(self, scores: dict[str, Scores]) -> dict[str, float | None]:
+        width = len(self.answers[0])
+        logp = {name: [-nll for nll, _ in rows] for name, rows in scores.items()}
+        per_token = {name: [-nll / max(count, 1) for nll, count in rows] for name, rows in scores.items()}
+        out: dict[str, float | None] = {"eval_pairs": len(self.prompts)}
+        if self.objective == "dpo":
+            for name in scores:
+                out[f"{name}_chosen_logp_per_token"] = mean(per_token[name][0::2])
+                out[f"{name}_rejected_logp_per_token"] = mean(per_token[name][1::2])
+                out[f"{name}_preference_accuracy"] = mean(
+                    [float(c > r) for c, r in zip(logp[name][0::2], logp[name][1::2])])
+            reward = [t - b for t, b in zip(logp["tuned"], logp["base"])]
+            margins = [c - r for c, r in zip(reward[0::2], reward[1::2])]
+            out["reward_accuracy"] = mean([float(m > 0) for m in margins])
+            out["reward_margin"] = mean(margins)
+            return out
+        good = [i for i, label in enumerate(self.labels) if label]
+        bad = [i for i, label in enumerate(self.labels) if not label]
+        for name in scores:
+            out[f"{name}_chosen_logp_per_token"] = mean([per_token[name][i * width] for i in good])
+            out[f"{name}_rejected_logp_per_token"] = mean([per_token[name][i * width] for i in bad])
+        reward = [t - b for t, b in zip(logp["tuned"], logp["base"])]
+        out["reward_accuracy"] = mean([float((reward[i] > 0) == label) for i, label in enumerate(self.labels)])
+        return out
+
+
+def mean(values: list[float]) -> float | None:
+    """The mean, or None (null in eval.json) when there is nothing to average."""
+    return sum(values) / len(values) if values else None
+
+
+def load_preference_split(prepared_dir: Path, objective: str) -> PreferenceSplit:
+    from datasets import Dataset
+
+    split = Dataset.from_parquet(str(split_file(prepared_dir, "eval")))
+    prompt, *answer_columns = PREFERENCE_COLUMNS[objective]
+    answers = [list(row) for row in zip(*(split[column] for column in answer_columns))]
+    labels = split[LABEL] if objective == "kto" else None
+    return PreferenceSplit(objective, split[prompt], answers, labels, split["row_hash"])
