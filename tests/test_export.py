@@ -152,21 +152,25 @@ def test_gguf_q8_0_log_probs_within_the_documented_tolerance(trained):
 
 
 def test_gguf_read_back_by_llama_cpp_where_installed(trained):
+    """llama.cpp's own runtime: same prompt tokens, same greedy answer up to 16 tokens or its end of turn."""
+    import torch
+
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (it builds from source)")
     merged, tokenizer = load_merged(trained)
-    runtime = llama_cpp.Llama(str(trained["export"] / "demo-f16.gguf"), n_ctx=256, verbose=False, seed=0)
-    for prompt in PROMPTS:
-        text = prompt_text(tokenizer, prompt)
-        ids = tokenizer(text).input_ids
-        assert runtime.tokenize(text.encode(), add_bos=True, special=True) == ids
-        runtime.reset()
-        tokens = []
-        for token in runtime.generate(ids, temp=0.0, top_k=1):
-            tokens.append(token)
-            if len(tokens) == 16:
-                break
-        import torch
-        assert tokens == greedy16(merged, torch.tensor([ids]))[:len(tokens)], prompt
+    for kind in ("f16", "bf16"):
+        runtime = llama_cpp.Llama(str(trained["export"] / f"demo-{kind}.gguf"), n_ctx=256, verbose=False, seed=0)
+        for prompt in PROMPTS:
+            text = prompt_text(tokenizer, prompt)
+            ids = tokenizer(text).input_ids
+            assert runtime.tokenize(text.encode(), add_bos=True, special=True) == ids
+            runtime.reset()
+            tokens = []
+            for token in runtime.generate(ids, temp=0.0, top_k=1):
+                tokens.append(token)
+                if len(tokens) == 16 or runtime.token_eos() == token:
+                    break
+            expected = merged.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):]
+            assert tokens == expected.tolist(), (kind, prompt)
 
 
 def test_tuned_answer_ends_at_the_end_of_turn_token(trained):
