@@ -1,4 +1,5 @@
-# xtrain: each recipe in recipes/ becomes prepared data -> plan.json -> checkpoint -> evaluation report -> gate.
+# xtrain: each recipe in recipes/ becomes prepared data -> plan.json -> checkpoint -> evaluation report -> gate,
+# and an export when it asks for one.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -14,10 +15,13 @@ include: "rules/prepare.smk"
 include: "rules/plan.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
+include: "rules/export.smk"
 
 
 # The gate of each recipe comes after its eval.json and report.html; `snakemake compare` ranks the recipes.
+# Recipes with an `export:` section are exported too.
 rule all:
     default_target: True
     input:
         expand("reports/{recipe}/gate.json", recipe=sorted(RECIPES)),
+        expand("exports/{recipe}", recipe=exported_recipes()),

@@ -80,6 +80,20 @@ def recipe_slice(stage):
     return lambda wildcards: stage_params(recipe(wildcards), stage)
 
 
+def exported_recipes():
+    """Recipes with an `export:` section: only these have an exports/<recipe> target."""
+    return sorted(name for name, loaded in RECIPES.items() if loaded.export is not None)
+
+
+def export_slice(wildcards):
+    if recipe(wildcards).export is None:
+        raise WorkflowError(
+            f"{config['recipes']}/{wildcards.recipe}.yaml has no `export:` section: add one (docs/recipe.md) "
+            f"to build exports/{wildcards.recipe}"
+        )
+    return stage_params(recipe(wildcards), "export")
+
+
 MAIN_ENV = "envs/xtrain.yaml"
 
 

@@ -63,8 +63,11 @@ def reference() -> str:
         "Unknown fields are errors. Paths are relative to the project root.",
     ]
     for name, field in Recipe.model_fields.items():
-        section = field.annotation
-        lines += ["", f"## `{name}`", "", (section.__doc__ or "").strip().splitlines()[0], "",
+        # An optional section (`export`) is its model or null.
+        section = next(a for a in (get_args(field.annotation) or (field.annotation,)) if a is not type(None))
+        optional = " Optional: without this section the stage does not run." if not field.is_required() and \
+            field.get_default() is None else ""
+        lines += ["", f"## `{name}`", "", (section.__doc__ or "").strip().splitlines()[0] + optional, "",
                   "| field | type | default | meaning |", "| --- | --- | --- | --- |"]
         lines += _rows(section, f"{name}.")
     return "\n".join(lines) + "\n"

@@ -1,8 +1,8 @@
 """Generate `dvc.yaml` from the recipes: DVC versions what Snakemake builds, without a second DAG.
 
-One DVC stage per recipe runs `snakemake reports/<recipe>/gate.json` (the recipe's last target); Snakemake
-alone decides which of that recipe's steps are stale. DVC records the recipe's inputs and every output
-(all `persist: true`, so `dvc repro` never deletes what Snakemake would reuse), eval.json as metrics and
+One DVC stage per recipe runs `snakemake reports/<recipe>/gate.json` (the recipe's last target), and
+`exports/<recipe>` for a recipe with an `export:` section; Snakemake alone decides which of its steps are
+stale. DVC records the recipe's inputs and every output (all `persist: true`, so `dvc repro` never deletes what Snakemake would reuse), eval.json as metrics and
 the loss curve as a plot.
 `python -m xtrain.dvc_stages` rewrites dvc.yaml; a test fails when it is out of date with recipes/.
 """
@@ -29,13 +29,14 @@ def persisted(*paths: str) -> list[dict[str, Any]]:
 
 
 def recipe_stage(name: str, recipe: Recipe) -> dict[str, Any]:
+    exports = [f"exports/{name}"] if recipe.export is not None else []
     return {
-        "cmd": f"snakemake --cores all reports/{name}/gate.json",
+        "cmd": " ".join(["snakemake --cores all", f"reports/{name}/gate.json", *exports]),
         # A hub model is pinned by its revision in the recipe file (and its commit in the checkpoint manifest).
         "deps": [f"recipes/{name}.yaml", *(s.path for s in recipe.data.sources),
                  *([recipe.model.path] if recipe.model.path else []), *WORKFLOW_DEPS],
         "outs": persisted(f"prepared/{name}", f"plans/{name}/plan.json", f"checkpoints/{name}",
-                          *(f"reports/{name}/{report}" for report in REPORT_OUTPUTS)),
+                          *(f"reports/{name}/{report}" for report in REPORT_OUTPUTS), *exports),
         "metrics": persisted(f"reports/{name}/eval.json"),
     }
 

@@ -46,10 +46,17 @@ def base_license(model_dir: Path) -> str | None:
 
 
 def model_card(*, recipe: str, base_model: str, method: str, backend: str, train: dict[str, Any],
-               hardware: dict[str, Any], data: dict[str, Any], metrics: dict[str, Any], license_: str | None) -> str:
-    """README.md of a checkpoint, in the Hugging Face model-card format."""
-    header = {"base_model": base_model, "library_name": "peft" if method == "lora" else "transformers",
-              "tags": ["xtrain", backend, method, "sft"], **({"license": license_} if license_ else {})}
+               hardware: dict[str, Any], data: dict[str, Any], metrics: dict[str, Any], license_: str | None,
+               merged_dtype: str | None = None) -> str:
+    """README.md of a checkpoint, in the Hugging Face model-card format; of its merged export (one plain
+    transformers model, weights in `merged_dtype`) when that is given."""
+    plain = method == "full" or merged_dtype is not None
+    header = {"base_model": base_model, "library_name": "transformers" if plain else "peft",
+              "tags": ["xtrain", backend, method, "sft", *(["merged"] if merged_dtype else [])],
+              **({"license": license_} if license_ else {})}
+    form = "full fine-tune" if method == "full" else "LoRA adapter merged into the base weights" if merged_dtype \
+        else "LoRA adapter"
+    form += f", {merged_dtype} weights" if merged_dtype else ""
     sources = "\n".join(f"| `{name}` | {stats.get('format', '')} | {stats['rows']} | {stats['kept']} | "
                         f"{', '.join(f'{reason} {count}' for reason, count in stats['dropped'].items()) or 'none'} |"
                         for name, stats in data["sources"].items())
@@ -57,13 +64,12 @@ def model_card(*, recipe: str, base_model: str, method: str, backend: str, train
     lines = [
         "---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
         f"# {recipe}", "",
-        f"`{base_model}` fine-tuned with xtrain ({'LoRA adapter' if method == 'lora' else 'full fine-tune'}, backend "
-        f"`{backend}`), recipe `recipes/{recipe}.yaml`.", "",
+        f"`{base_model}` fine-tuned with xtrain ({form}, backend `{backend}`), recipe `recipes/{recipe}.yaml`.", "",
         "## Use", "",
         "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer" if method == "full" else
+        "from transformers import AutoModelForCausalLM, AutoTokenizer" if plain else
         "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer",
-        f"model = {'AutoModelForCausalLM' if method == 'full' else 'AutoPeftModelForCausalLM'}.from_pretrained(\"<this folder>\")",
+        f"model = {'AutoModelForCausalLM' if plain else 'AutoPeftModelForCausalLM'}.from_pretrained(\"<this folder>\")",
         "tokenizer = AutoTokenizer.from_pretrained(\"<this folder>\")  # its chat template is the base model's",
         "```", "",
         "`generation_config.json` stops at the chat template's end-of-turn token"

@@ -482,12 +482,53 @@ class Eval(Section):
         return gate
 
 
+# GGUF types written, as llama.cpp's converter offers them (the `gguf` package reads k-quants but cannot write them).
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class Export(Section):
+    """What the export stage makes of the checkpoint (exports/<recipe>/): a merged model, GGUF files, a Modelfile."""
+
+    merged: bool = Field(
+        True, description="Write merged/: the LoRA adapter merged into the base weights (or the full checkpoint), "
+        "safetensors, tokenizer with the chat template, generation_config.json, model card.",
+    )
+    dtype: Literal[EXPORT_DTYPES] | None = Field(
+        None, description="dtype of merged/'s weights: " + ", ".join(EXPORT_DTYPES) + "; default: the base model's "
+        "(float32 when its config names none).",
+    )
+    shard_gb: PositiveFloat = Field(5, description="Largest safetensors shard of merged/, in GB.")
+    gguf: list[Literal[GGUF_TYPES]] = Field(
+        default_factory=list,
+        description="GGUF files to write, one per type (<recipe>-<type>.gguf; Llama, Qwen2 and Mistral models): "
+        + ", ".join(GGUF_TYPES) + ". Quantized types keep norms in f32, and tensors whose rows do not split into "
+        "the type's blocks in f16, as llama.cpp does.",
+    )
+    ollama: bool = Field(
+        False, description="Write an Ollama Modelfile beside the GGUF of the first `gguf` type (chat template and "
+        "stop tokens of ChatML or Llama 3 templates).",
+    )
+
+    @model_validator(mode="after")
+    def _asks_for_something(self) -> Export:
+        if len(set(self.gguf)) != len(self.gguf):
+            raise ValueError(f"gguf lists a type twice ({self.gguf}): list each once")
+        if self.ollama and not self.gguf:
+            raise ValueError("ollama: true needs a GGUF file to point at: list a type in `gguf`, e.g. [q8_0]")
+        if not self.merged and not self.gguf:
+            raise ValueError("export asks for nothing (merged: false and no gguf types): remove the section, "
+                             "set merged: true or list gguf types")
+        return self
+
+
 class Recipe(Section):
     model: Model
     data: Data
     train: Train = Field(default_factory=Train)
     hardware: Hardware = Field(default_factory=Hardware)
     eval: Eval = Field(default_factory=Eval)
+    export: Export | None = Field(None, description="Export stage settings; none: the recipe is not exported.")
 
     @model_validator(mode="after")
     def _batch_divides_over_devices(self) -> Recipe:
@@ -542,7 +583,10 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
         # The gate step reads the gates; evaluate does not, so a gate edit does not rerun evaluation.
         "evaluate": {"eval": {k: v for k, v in dump["eval"].items() if k != "gate"}, **trust},
         "gate": {"gate": dump["eval"]["gate"]},
-        "report": dump,
+        # train and hardware go into the merged model's card; editing them retrains, so they add no rerun.
+        "export": {"export": dump["export"], "train": dump["train"], "hardware": dump["hardware"], **trust},
+        # The report shows the recipe up to evaluation; the export section is the export stage's alone.
+        "report": {k: v for k, v in dump.items() if k != "export"},
     }
     return slices[stage]
 

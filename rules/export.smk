@@ -1,0 +1,19 @@
+# Only recipes with an `export:` section have this target; rule all asks for it (exported_recipes in common.smk).
+rule export:
+    input:
+        model=model_dir,
+        prepared="prepared/{recipe}",
+        checkpoint="checkpoints/{recipe}",
+    output:
+        directory("exports/{recipe}"),
+    log:
+        "logs/{recipe}/export.log",
+    benchmark:
+        "benchmarks/{recipe}/export.tsv"
+    conda:
+        "../envs/xtrain.yaml"
+    threads: workflow.cores
+    params:
+        recipe=export_slice,
+    script:
+        "../scripts/export.py"

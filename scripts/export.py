@@ -1,0 +1,25 @@
+"""Rule export: a checkpoint -> exports/<recipe>/ (merged model, GGUF files, Ollama Modelfile)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain.export import export
+from xtrain.recipe import Export, Hardware, Train, trusts_remote_code
+from xtrain.stage import recipe_file, run_stage
+
+params = snakemake.params.recipe
+run_stage(
+    snakemake.log[0],
+    lambda: export(
+        model_dir=Path(snakemake.input.model),
+        checkpoint_dir=Path(snakemake.input.checkpoint),
+        prepared_dir=Path(snakemake.input.prepared),
+        settings=Export.model_validate(params["export"]),
+        train=Train.model_validate(params["train"]),
+        hardware=Hardware.model_validate(params["hardware"]),
+        out=Path(snakemake.output[0]),
+        trust_remote_code=trusts_remote_code(params),
+    ),
+    recipe_file(snakemake),
+    threads=snakemake.threads,
+)

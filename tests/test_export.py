@@ -1,0 +1,319 @@
+"""The export stage: merged model, GGUF files read back by transformers (and llama.cpp where it is installed),
+the Ollama Modelfile, the chat command in a terminal, and the export rule in real Snakemake."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
+
+from xtrain.data import prepare
+from xtrain.errors import RecipeError, XtrainError
+from xtrain.export import export
+from xtrain.export.gguf_file import gguf_architecture
+from xtrain.export.ollama import modelfile
+from xtrain.plan import make_plan, write_plan
+from xtrain.recipe import Data, DataSource, Export, Hardware, Lora, Train, parse_recipe
+from xtrain.train import run_training
+
+pytestmark = pytest.mark.slow
+
+# Documented in README ("Use the model"): q8_0 keeps each weight to 1/254 of its block's largest value; on the demo
+# model the largest per-token log-prob difference from the merged fp32 model is ~3e-3.
+Q8_0_LOGPROB_TOLERANCE = 0.05
+PROMPTS = ("What is the capital of France?", "What colour is the sky?", "Name a fruit.")
+TMUX = "/usr/bin/tmux"
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model, tmp_path_factory) -> dict[str, Path]:
+    """The demo data and a LoRA adapter on every linear layer, trained long enough to answer and stop."""
+    root = tmp_path_factory.mktemp("export-run")
+    data = Data(sources=[DataSource(path=str(REPO / "data/demo/chat.jsonl"))], seq_len=128, eval_fraction=0.1)
+    train = Train(epochs=3, global_batch_size=8, learning_rate=5e-3, lora=Lora(dropout=0, target_modules=["all-linear"]))
+    manifest = prepare([REPO / "data/demo/chat.jsonl"], tiny_model, data, root / "prepared")
+    write_plan(root / "plan.json", make_plan(tiny_model, manifest, train, Hardware()))
+    run_training(model_dir=tiny_model, prepared_dir=root / "prepared", plan_path=root / "plan.json", train=train,
+                 hardware=Hardware(), out=root / "checkpoint", work_dir=root / "runs")
+    out = root / "exports" / "demo"
+    export(model_dir=tiny_model, checkpoint_dir=root / "checkpoint", prepared_dir=root / "prepared",
+           settings=Export(gguf=["f16", "bf16", "q8_0"], ollama=True), train=train, hardware=Hardware(), out=out)
+    return {"model": tiny_model, "checkpoint": root / "checkpoint", "prepared": root / "prepared", "export": out}
+
+
+def test_export_folder_holds_every_file(trained):
+    out = trained["export"]
+    files = json.loads((out / "export.json").read_text())["files"]
+    assert {"demo-f16.gguf", "demo-bf16.gguf", "demo-q8_0.gguf", "Modelfile", "merged/model.safetensors",
+            "merged/config.json", "merged/tokenizer.json", "merged/chat_template.jinja",
+            "merged/generation_config.json", "merged/README.md"} <= set(files)
+    assert all((out / name).stat().st_size == size for name, size in files.items())
+    assert not (out / "merged/adapter_config.json").exists()
+    card = (out / "merged/README.md").read_text()
+    assert "library_name: transformers" in card and "LoRA adapter merged into the base weights" in card
+    assert "AutoModelForCausalLM.from_pretrained" in card
+    eos = json.loads((out / "merged/generation_config.json").read_text())["eos_token_id"]
+    assert eos == json.loads((trained["checkpoint"] / "generation_config.json").read_text())["eos_token_id"]
+    assert (out / "merged/chat_template.jinja").read_text() == (trained["checkpoint"] / "chat_template.jinja").read_text()
+
+
+MERGED_VS_ADAPTER = """
+import json, sys, torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+base_dir, checkpoint, merged_dir, prompts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), checkpoint).eval()
+merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
+diffs = []
+with torch.no_grad():
+    for prompt in prompts:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        diffs.append((tuned(ids).logits - merged(ids).logits).abs().max().item())
+print(json.dumps({"max_abs_diff": max(diffs), "merged_class": type(merged).__name__}))
+"""
+
+
+def test_merged_logits_equal_base_plus_adapter_in_a_fresh_interpreter(trained):
+    result = subprocess.run(
+        [sys.executable, "-c", MERGED_VS_ADAPTER, str(trained["model"]), str(trained["checkpoint"]),
+         str(trained["export"] / "merged"), json.dumps(PROMPTS)],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    assert measured["merged_class"] == "LlamaForCausalLM"
+    assert measured["max_abs_diff"] < 1e-4
+
+
+def load_merged(trained):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    merged = trained["export"] / "merged"
+    return AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(merged)
+
+
+def load_gguf(trained, kind: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = trained["export"], f"demo-{kind}.gguf"
+    return (AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval(),
+            AutoTokenizer.from_pretrained(folder, gguf_file=name))
+
+
+def prompt_text(tokenizer, prompt: str) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+
+
+def greedy16(model, ids):
+    """The first 16 greedy tokens (past any end-of-turn token, so all 16 are compared)."""
+    return model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_gguf_read_back_by_transformers_gives_the_same_greedy_tokens(trained, kind):
+    merged, tokenizer = load_merged(trained)
+    model, gguf_tokenizer = load_gguf(trained, kind)
+    assert gguf_tokenizer.chat_template == tokenizer.chat_template
+    for prompt in PROMPTS:
+        text = prompt_text(tokenizer, prompt)
+        assert gguf_tokenizer(text).input_ids == tokenizer(text).input_ids
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        assert greedy16(model, ids) == greedy16(merged, ids), prompt
+
+
+def continuation_logprobs(model, ids, continuation):
+    import torch
+
+    full = torch.cat([ids, torch.tensor([continuation])], dim=1)
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(full).logits[0, :-1].float(), dim=-1)
+    return logprobs[ids.shape[1] - 1:].gather(-1, full[0, ids.shape[1]:, None])[:, 0]
+
+
+def test_gguf_q8_0_log_probs_within_the_documented_tolerance(trained):
+    merged, tokenizer = load_merged(trained)
+    model, _ = load_gguf(trained, "q8_0")
+    worst = 0.0
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt_text(tokenizer, prompt), return_tensors="pt").input_ids
+        continuation = greedy16(merged, ids)
+        diff = (continuation_logprobs(model, ids, continuation) - continuation_logprobs(merged, ids, continuation))
+        worst = max(worst, diff.abs().max().item())
+    assert 0 < worst < Q8_0_LOGPROB_TOLERANCE
+
+
+def test_gguf_read_back_by_llama_cpp_where_installed(trained):
+    """llama.cpp's own runtime: same prompt tokens, same greedy answer up to 16 tokens or its end of turn."""
+    import torch
+
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (it builds from source)")
+    merged, tokenizer = load_merged(trained)
+    for kind in ("f16", "bf16"):
+        runtime = llama_cpp.Llama(str(trained["export"] / f"demo-{kind}.gguf"), n_ctx=256, verbose=False, seed=0)
+        for prompt in PROMPTS:
+            text = prompt_text(tokenizer, prompt)
+            ids = tokenizer(text).input_ids
+            assert runtime.tokenize(text.encode(), add_bos=True, special=True) == ids
+            runtime.reset()
+            tokens = []
+            for token in runtime.generate(ids, temp=0.0, top_k=1):
+                tokens.append(token)
+                if len(tokens) == 16 or runtime.token_eos() == token:
+                    break
+            expected = merged.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):]
+            assert tokens == expected.tolist(), (kind, prompt)
+
+
+def test_tuned_answer_ends_at_the_end_of_turn_token(trained):
+    merged, tokenizer = load_merged(trained)
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = tokenizer(prompt_text(tokenizer, "What is the capital of Japan?"), return_tensors="pt").input_ids
+    answer = merged.generate(ids, max_new_tokens=48, do_sample=False)[0, ids.shape[1]:].tolist()
+    assert answer[-1] == eot and len(answer) < 48, tokenizer.decode(answer)
+
+
+def test_modelfile_template_and_stop_tokens(trained):
+    text = (trained["export"] / "Modelfile").read_text()
+    assert text.startswith("FROM ./demo-f16.gguf\n")
+    assert "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}" in text
+    assert 'PARAMETER stop "<|im_end|>"' in text
+    assert "SYSTEM" not in text  # the demo template adds no default system prompt
+
+
+def test_modelfile_carries_a_template_default_system_prompt_and_refuses_unknown_templates(trained):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(trained["checkpoint"])
+    default = "You are a helpful AI assistant named Demo."
+    tokenizer.chat_template = (
+        "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n" + default + "<|im_end|>\\n' }}{% endif %}"
+        + tokenizer.chat_template)
+    assert f'SYSTEM """{default}"""' in modelfile(tokenizer, "m.gguf", ["<|im_end|>"])
+    tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    with pytest.raises(XtrainError, match="export.ollama: the chat template is none of ChatML, Llama 3"):
+        modelfile(tokenizer, "m.gguf", ["<|im_end|>"])
+
+
+def test_unsupported_architecture_is_refused_by_name():
+    from transformers import GPT2Config
+
+    config = GPT2Config()
+    config.architectures = ["GPT2LMHeadModel"]
+    with pytest.raises(XtrainError, match="architecture GPT2LMHeadModel cannot be written as GGUF here; supported: "
+                                          "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"):
+        gguf_architecture(config)
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ({"gguf": ["q4_k_m"]}, r"export.gguf\[0\]: Input should be 'f32', 'f16', 'bf16' or 'q8_0' \(got 'q4_k_m'\)"),
+    ({"merged": True, "ollama": True}, "ollama: true needs a GGUF file"),
+    ({"merged": False}, "export asks for nothing"),
+    ({"gguf": ["f16", "f16"]}, "gguf lists a type twice"),
+    ({"merged": True, "format": "x"}, "export.format: unknown field"),
+])
+def test_bad_export_sections_are_refused_naming_the_field(section, message):
+    with pytest.raises(RecipeError, match=message):
+        parse_recipe({"model": {"path": "m"}, "data": {"sources": [{"path": "d"}]}, "export": section}, "r.yaml")
+
+
+class Terminal:
+    """A tmux session on its own server socket, driven like a person at a terminal."""
+
+    def __init__(self, command: list[str], cwd: Path):
+        self.socket, self.name = f"xtrain-{uuid.uuid4().hex[:8]}", "chat"
+        self.tmux("new-session", "-d", "-s", self.name, "-x", "200", "-y", "50", "-c", str(cwd),
+                  " ".join(command) + "; echo CHAT-EXITED $?; sleep 30")
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run([TMUX, "-L", self.socket, *args], capture_output=True, text=True, check=True).stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", self.name)
+
+    def send(self, text: str) -> None:
+        self.tmux("send-keys", "-t", self.name, "-l", text)
+        self.tmux("send-keys", "-t", self.name, "Enter")
+
+    def wait_for(self, predicate, timeout: float = 120) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if predicate(screen):
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"timed out; the terminal shows:\n{self.screen()}")
+
+    def close(self) -> None:
+        subprocess.run([TMUX, "-L", self.socket, "kill-server"], capture_output=True)
+
+
+@pytest.mark.parametrize("folder", ["checkpoint", "export"])
+def test_chat_in_a_terminal_answers_streams_resets_and_exits(trained, folder):
+    terminal = Terminal([sys.executable, "-m", "xtrain.chat", str(trained[folder]), "--max-new-tokens", "48"],
+                        trained["checkpoint"].parent)
+    try:
+        terminal.wait_for(lambda s: s.rstrip().endswith("you>"))
+        terminal.send("What is the capital of Japan?")
+        screen = terminal.wait_for(lambda s: s.count("you>") == 2)
+        answer = screen.split("model> ")[1].split("\n")[0].strip()
+        # The tuned model's own greedy answer, which stops at the end-of-turn token (a tiny model knows no capitals).
+        merged, tokenizer = load_merged(trained)
+        ids = tokenizer(prompt_text(tokenizer, "What is the capital of Japan?"), return_tensors="pt").input_ids
+        expected = tokenizer.decode(merged.generate(ids, max_new_tokens=48, do_sample=False)[0, ids.shape[1]:],
+                                    skip_special_tokens=True)
+        assert answer and answer == expected.strip(), screen
+        terminal.send("/reset")
+        terminal.wait_for(lambda s: "(new conversation)" in s and s.count("you>") == 3)
+        terminal.send("/exit")
+        assert "CHAT-EXITED 0" in terminal.wait_for(lambda s: "CHAT-EXITED" in s, timeout=30)
+    finally:
+        terminal.close()
+
+
+def test_chat_streams_tokens_as_they_are_generated(trained):
+    """TextStreamer writes each piece as soon as it decodes: the answer reaches stdout in several writes."""
+    script = ("import sys, xtrain.chat as c\n"
+              "writes = []\n"
+              "real = sys.stdout.write\n"
+              "sys.stdout.write = lambda s: (writes.append(s), real(s))[1]\n"
+              "c.main([sys.argv[1], '--max-new-tokens', '16'])\n"
+              "print('WRITES', sum(1 for w in writes if w.strip() and 'you>' not in w and 'model>' not in w))\n")
+    result = subprocess.run([sys.executable, "-c", script, str(trained["checkpoint"])], input="Name a fruit.\n",
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert int(result.stdout.rsplit("WRITES", 1)[1]) > 2, result.stdout
+
+
+EXPORTED = (REPO / "recipes/demo.yaml").read_text().replace("epochs: 3", "max_steps: 4").replace(
+    "  generations: 8", "  generations: 2") + "export:\n  gguf: [q8_0]\n  ollama: true\n"
+PLAIN = EXPORTED.split("export:")[0]
+
+
+def test_export_rule_in_snakemake_is_stale_only_when_checkpoint_or_export_changes(tmp_path):
+    project = copy_workflow(tmp_path, {"demo": EXPORTED, "plain": PLAIN})
+    result = snakemake(project, "-n")
+    jobs = scheduled_jobs(result.stdout + result.stderr)
+    assert ("export", "demo") in jobs and ("export", "plain") not in jobs
+    snakemake(project, "--cores", "2", "exports/demo")
+    assert {"demo-q8_0.gguf", "Modelfile", "merged", "export.json"} <= {p.name for p in (project / "exports/demo").iterdir()}
+    assert (project / "logs/demo/export.log").is_file() and (project / "benchmarks/demo/export.tsv").is_file()
+    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == set()
+    recipe = project / "recipes/demo.yaml"
+    recipe.write_text(EXPORTED.replace("gguf: [q8_0]", "gguf: [q8_0, f16]"))
+    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == {("export", "demo")}
+    recipe.write_text(EXPORTED.replace("max_new_tokens: 48", "max_new_tokens: 40"))
+    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == set()
+    recipe.write_text(EXPORTED.replace("learning_rate: 5.0e-3", "learning_rate: 2.0e-3"))
+    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == {("train", "demo"), ("export", "demo")}
+    recipe.write_text(EXPORTED)
+    missing = snakemake(project, "-n", "exports/plain", check=False)
+    assert missing.returncode != 0
+    assert "recipes/plain.yaml has no `export:` section" in missing.stdout + missing.stderr
