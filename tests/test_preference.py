@@ -1,0 +1,175 @@
+"""Preference training (train.objective dpo / kto): the formats users bring become the prompt's tokens once and
+each answer's tokens, rendered with the recipe's chat template; DPO trains through TRL from ln 2 and learns the
+pairs; evaluation ranks the answers; data of the wrong kind is refused naming the objective to set."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import REPO
+
+from xtrain.backends import TrainJob, get_backend
+from xtrain.data import prepare
+from xtrain.errors import XtrainError
+from xtrain.plan import make_plan
+from xtrain.recipe import Data, DataSource, Hardware, Train
+
+REAL = REPO / "data/real"
+PAIRS = REPO / "data/pref/colours_sums.jsonl"
+
+
+def run(model: Path, rows: list[dict] | Path, folder: Path, objective: str = "dpo", **settings) -> tuple[dict, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    if isinstance(rows, Path):
+        source = rows
+    else:
+        source = folder / "rows.jsonl"
+        source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    data = Data(sources=[DataSource(path=str(source))], **{"seq_len": 1024, "eval_fraction": 0.2, **settings})
+    return prepare([source], model, data, folder / "prepared", objective=objective), folder / "prepared"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+def rows_of(prepared: Path) -> list[dict]:
+    return [row for split in ("train", "eval") for row in pq.read_table(prepared / f"{split}.parquet").to_pylist()]
+
+
+def test_llamafactory_typed_pairs_keep_the_prompt_once_and_each_answer_whole(tiny_model, tokenizer, tmp_path):
+    source = [json.loads(line) for line in (REAL / "v1_dpo_demo.jsonl").read_text().splitlines()]
+    manifest, prepared = run(tiny_model, REAL / "v1_dpo_demo.jsonl", tmp_path, seq_len=4096)
+    stats = manifest["sources"][str(REAL / "v1_dpo_demo.jsonl")]
+    assert stats["format"] == "message_pairs" and stats["kept"] + sum(stats["dropped"].values()) == len(source)
+    answers = {(r["chosen_messages"][-1]["content"][0]["value"], r["rejected_messages"][-1]["content"][0]["value"])
+               for r in source}
+    for row in rows_of(prepared):
+        chosen, rejected = (tokenizer.decode(row[key]) for key in ("chosen_ids", "rejected_ids"))
+        assert (chosen.removesuffix("<|im_end|>"), rejected.removesuffix("<|im_end|>")) in answers
+        assert tokenizer.decode(row["prompt_ids"]).endswith("<|im_start|>assistant\n"), "the prompt is context"
+    assert manifest["splits"]["train"]["sequences_per_row"] == 2
+
+
+def test_sharegpt_pairs_from_llamafactory(tiny_model, tokenizer, tmp_path):
+    source = json.loads((REAL / "dpo_zh_demo.json").read_text())
+    manifest, prepared = run(tiny_model, REAL / "dpo_zh_demo.json", tmp_path, seq_len=2048)
+    stats = manifest["sources"][str(REAL / "dpo_zh_demo.json")]
+    assert stats["format"] == "sharegpt_pairs" and stats["rows"] == 300
+    assert set(stats["dropped"]) <= {"over seq_len", "duplicate"} and stats["kept"] > 0
+    chosen = {r["chosen"]["value"] for r in source}
+    for row in rows_of(prepared)[:20]:
+        assert tokenizer.decode(row["chosen_ids"]).removesuffix("<|im_end|>") in chosen
+
+
+@pytest.mark.parametrize("shape", ["alpaca", "trl_text", "trl_messages", "implicit_prompt"])
+def test_each_pair_shape_gives_the_same_tokens(tiny_model, tmp_path, shape):
+    def row(i: int) -> dict:
+        question, good, bad = f"What is {i} plus {i}?", f"{2 * i}.", f"{2 * i + 1}."
+        return {
+            "alpaca": {"instruction": question, "input": "", "chosen": good, "rejected": bad},
+            "trl_text": {"prompt": question, "chosen": good, "rejected": bad},
+            "trl_messages": {"prompt": [{"role": "user", "content": question}],
+                             "chosen": [{"role": "assistant", "content": good}],
+                             "rejected": [{"role": "assistant", "content": bad}]},
+            "implicit_prompt": {"chosen": [{"role": "user", "content": question}, {"role": "assistant", "content": good}],
+                                "rejected": [{"role": "user", "content": question},
+                                             {"role": "assistant", "content": bad}]},
+        }[shape]
+
+    _, prepared = run(tiny_model, [row(i) for i in range(30)], tmp_path / shape)
+    _, reference = run(tiny_model, [row(i) for i in range(30)] if shape == "trl_messages" else [
+        {"prompt": [{"role": "user", "content": f"What is {i} plus {i}?"}],
+         "chosen": [{"role": "assistant", "content": f"{2 * i}."}],
+         "rejected": [{"role": "assistant", "content": f"{2 * i + 1}."}]} for i in range(30)], tmp_path / "reference")
+    assert rows_of(prepared) == rows_of(reference)
+
+
+def test_unusable_pairs_are_dropped_with_their_reason(tiny_model, tmp_path):
+    rows = [{"prompt": f"Q{i}?", "chosen": f"A{i}.", "rejected": f"B{i}."} for i in range(30)]
+    rows += [{"prompt": "Same?", "chosen": "Yes.", "rejected": "Yes."}, {"prompt": "Empty?", "chosen": " ", "rejected": "No."},
+             dict(rows[0]), {"prompt": "Long? " + "word " * 400, "chosen": "A.", "rejected": "B."}]
+    manifest, _ = run(tiny_model, rows, tmp_path, seq_len=256)
+    stats = next(iter(manifest["sources"].values()))
+    assert stats["dropped"] == {"chosen identical to rejected": 1, "empty answer": 1, "duplicate": 1, "over seq_len": 1}
+    assert stats["kept"] == 30
+
+
+def test_pairs_sharing_a_prompt_stay_in_one_split(tiny_model, tmp_path):
+    rows = [{"prompt": f"Q{i % 10}?", "chosen": f"A{i}.", "rejected": f"B{i}."} for i in range(60)]
+    _, prepared = run(tiny_model, rows, tmp_path, eval_fraction=0.3)
+    prompts = [{tuple(r["prompt_ids"]) for r in pq.read_table(prepared / f"{s}.parquet").to_pylist()}
+               for s in ("train", "eval")]
+    assert prompts[0] and prompts[1] and not prompts[0] & prompts[1]
+
+
+def test_kto_rows_keep_their_label(tiny_model, tokenizer, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": f"A{i}."}],
+             "label": i % 3 != 0 if i % 2 else str(i % 3 != 0).lower()} for i in range(40)]
+    manifest, prepared = run(tiny_model, rows, tmp_path, objective="kto")
+    for row in rows_of(prepared):
+        i = int(tokenizer.decode(row["completion_ids"]).removeprefix("A").removesuffix(".<|im_end|>"))
+        assert row["label"] == (i % 3 != 0)
+    assert manifest["splits"]["train"]["desirable"] + manifest["splits"]["eval"]["desirable"] == 26
+
+
+@pytest.mark.parametrize(("rows", "objective", "setting"), [
+    ([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}] * 3, "dpo",
+     "train.objective: sft"),
+    ([{"prompt": "Hi", "chosen": "Hello", "rejected": "Go"}] * 3, "kto", "train.objective: dpo"),
+    ([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "label": True}] * 3,
+     "dpo", "train.objective: kto"),
+], ids=["sft-data-in-dpo", "pairs-in-kto", "labelled-in-dpo"])
+def test_data_of_another_kind_is_refused_naming_the_objective(tiny_model, tmp_path, rows, objective, setting):
+    with pytest.raises(XtrainError, match=r"rows.jsonl:1: this source holds") as info:
+        run(tiny_model, rows, tmp_path, objective=objective)
+    assert setting in str(info.value) and not (tmp_path / "prepared").exists()
+
+
+@pytest.fixture(scope="module")
+def dpo_run(tiny_model, tmp_path_factory):
+    """The demo pairs trained for 12 DPO steps on trl_cpu (LoRA, the reference is the adapter disabled)."""
+    folder = tmp_path_factory.mktemp("dpo")
+    manifest, prepared = run(tiny_model, PAIRS, folder, seq_len=128)
+    train = Train(objective="dpo", global_batch_size=8, max_steps=12, learning_rate=5e-3, logging_steps=1,
+                  lora={"dropout": 0.1}, lr_scheduler="constant")
+    plan = make_plan(tiny_model, manifest, train, Hardware())
+    job = TrainJob(tiny_model, prepared, plan, train, Hardware(), folder / "checkpoint", folder / "work", None)
+    shutil.rmtree(job.out, ignore_errors=True)
+    job.out.mkdir()
+    result = get_backend("trl_cpu").run(job)
+    return job, plan, result
+
+
+def test_the_first_dpo_loss_is_ln2_and_the_pairs_are_learned(dpo_run):
+    _, plan, result = dpo_run
+    steps = [entry for entry in result.log_history if "loss" in entry and "rewards/accuracies" in entry]
+    assert abs(steps[0]["loss"] - math.log(2)) < 1e-4, "at step 0 the policy equals the reference"
+    assert min(entry["rewards/accuracies"] for entry in steps[-3:]) >= 0.9
+    assert plan.time.tokens_per_step > 0 and plan.layout.micro_batch_size >= 1
+
+
+def test_evaluation_ranks_held_out_pairs(dpo_run, tiny_model):
+    from xtrain.evaluate import evaluate
+    from xtrain.recipe import Eval
+
+    job, _, _ = dpo_run
+    metrics = evaluate(tiny_model, job.out, job.prepared_dir, Eval(generations=0), job.out.parent / "eval.json")
+    assert metrics["eval_pairs"] == metrics["eval_rows"] > 0
+    assert metrics["reward_accuracy"] >= 0.8 and metrics["reward_margin"] > 0
+    assert metrics["tuned_rejected_logp_per_token"] < metrics["base_rejected_logp_per_token"]
+
+
+def test_a_backend_without_the_objective_refuses_it_by_name():
+    from xtrain.backends import check
+
+    with pytest.raises(XtrainError, match=r"train.backend axolotl does not train objective 'dpo'.*trl_cpu"):
+        check("axolotl", Train(backend="axolotl", objective="dpo"), Hardware())
