@@ -31,7 +31,8 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="xtrain-tests-cache-")
 os.environ["XTRAIN_CPU_PROBE"] = "1.2e11,2.0e-6"
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # What a workflow copy needs: the workflow, the library, and the embedded demo inputs.
-WORKFLOW_PATHS = ("Snakefile", "rules", "config", "envs", "scripts", "src", "profiles", "data/demo", "data/tiny-llama")
+WORKFLOW_PATHS = ("Snakefile", "rules", "config", "envs", "scripts", "src", "profiles", "data/demo", "data/pref",
+                  "data/tiny-llama")
 
 
 @pytest.fixture(scope="session")

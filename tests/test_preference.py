@@ -173,3 +173,23 @@ def test_a_backend_without_the_objective_refuses_it_by_name():
 
     with pytest.raises(XtrainError, match=r"train.backend axolotl does not train objective 'dpo'.*trl_cpu"):
         check("axolotl", Train(backend="axolotl", objective="dpo"), Hardware())
+
+
+def test_the_dpo_demo_runs_through_snakemake_and_reruns_only_what_an_edit_changes(tmp_path):
+    from conftest import copy_workflow, scheduled_jobs, snakemake
+
+    from xtrain.artifacts import read_json
+
+    recipe = (REPO / "recipes/demo_dpo.yaml").read_text()
+    project = copy_workflow(tmp_path, {"demo_dpo": recipe})
+    snakemake(project, "--cores", "2", "reports/demo_dpo/gate.json")
+    metrics = read_json(project / "reports/demo_dpo/eval.json")
+    assert metrics["reward_accuracy"] >= 0.6 and metrics["eval_pairs"] > 0
+    assert "reward_accuracy" in (project / "reports/demo_dpo/report.html").read_text()
+    path = project / "recipes/demo_dpo.yaml"
+    path.write_text(recipe.replace("beta: 0.1", "beta: 0.2"))
+    jobs = scheduled_jobs(snakemake(project, "-n", "reports/demo_dpo/gate.json").stdout)
+    assert {job for job, _ in jobs} == {"train", "evaluate", "report", "gate"}, "beta does not change data or plan"
+    path.write_text(recipe.replace("objective: dpo", "objective: kto"))
+    refused = snakemake(project, "-n", "reports/demo_dpo/gate.json", check=False)
+    assert refused.returncode != 0 and "set train.objective: dpo" in refused.stdout + refused.stderr
