@@ -15,10 +15,13 @@ is dropped with its reason.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import XtrainError
 from ..recipe import SOURCE_COLUMNS, DataSource
+from .sources import SourceRows
 
 Chat = dict[str, Any]
 TEXT_ROLE = "text"
@@ -81,6 +84,21 @@ class RowError(ValueError):
 
     def __init__(self, field: str, problem: str):
         super().__init__(f"field `{field}`: {problem}")
+
+
+def read_rows(found: SourceRows, read: Callable[[dict[str, Any]], Any], dropped: Counter):
+    """(index, what `read` makes of the row) for each row of a source: a row that does not fit its format is an
+    error naming the row and the field; a readable one that cannot be trained on is counted in `dropped`."""
+    for index, row in enumerate(found.rows):
+        try:
+            yield index, read(row)
+        except RowError as exc:
+            raise XtrainError(f"{found.where(index)}: {exc}") from None
+        except KeyError as exc:
+            raise XtrainError(f"{found.where(index)}: field `{exc.args[0]}`: missing column; this row has "
+                              f"{sorted(row)}") from None
+        except DropRow as exc:
+            dropped[str(exc)] += 1
 
 
 def detect_format(row: dict[str, Any]) -> str | None:

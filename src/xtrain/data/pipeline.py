@@ -27,7 +27,7 @@ from ..errors import XtrainError
 from ..recipe import Data, DataSource, content_hash
 from . import preference
 from .dedupe import NearDuplicates, exact_key
-from .formats import TEXT_ROLE, Chat, DropRow, Normaliser, RowError, detect_format, drop_reason, other_kind
+from .formats import TEXT_ROLE, Chat, Normaliser, detect_format, drop_reason, other_kind, read_rows
 from .report import preview, split_stats
 from .sources import SourceRows, read_source
 from .templates import ChatTemplate, resolve
@@ -203,13 +203,8 @@ def check_first_rows(source: DataSource, path: Path, objective: str = "sft", row
         return preference.read_examples(source, found, objective, set())[0]
     fmt = source_format(source, found)
     normaliser = Normaliser(source, fmt)
-    for index, row in enumerate(found.rows):
-        try:
-            normaliser.read(row)
-        except RowError as exc:
-            raise XtrainError(f"{found.where(index)}: {exc}") from None
-        except DropRow:
-            continue
+    for _ in read_rows(found, normaliser.read, Counter()):
+        pass
     return fmt
 
 
@@ -219,14 +214,7 @@ def read_chats(source: DataSource, path: Path | None, seen: set[str], near: Near
     fmt = source_format(source, found)
     normaliser = Normaliser(source, fmt)
     chats, dropped, placeholders = [], Counter(), Counter()
-    for index, row in enumerate(found.rows):
-        try:
-            chat = normaliser.read(row)
-        except RowError as exc:
-            raise XtrainError(f"{found.where(index)}: {exc}") from None
-        except DropRow as exc:
-            dropped[str(exc)] += 1
-            continue
+    for index, chat in read_rows(found, normaliser.read, dropped):
         try:
             chat = fill_placeholders(chat, source.replace, placeholders)
         except XtrainError as exc:

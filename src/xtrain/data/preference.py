@@ -27,7 +27,7 @@ from xtrain_backend_side.prepared import PREFERENCE_COLUMNS as COLUMNS
 
 from ..errors import XtrainError
 from ..recipe import DataSource, content_hash
-from .formats import Chat, DropRow, Normaliser, RowError, drop_reason, is_kto_label
+from .formats import Chat, Normaliser, RowError, drop_reason, is_kto_label, read_rows
 from .report import HISTOGRAM_BINS, PREVIEW_ROWS, TRAINED
 from .sources import SourceRows
 
@@ -171,17 +171,7 @@ def read_examples(source: DataSource, found: SourceRows, objective: str, seen: s
         raise XtrainError(f"{found.where(0)}: {exc}") from None
     reader = PreferenceReader(source, fmt)
     examples, dropped = [], Counter()
-    for index, row in enumerate(found.rows):
-        try:
-            example = reader.read(row)
-        except RowError as exc:
-            raise XtrainError(f"{found.where(index)}: {exc}") from None
-        except DropRow as exc:
-            dropped[str(exc)] += 1
-            continue
-        except KeyError as exc:
-            raise XtrainError(f"{found.where(index)}: field `{exc.args[0]}`: missing column; the first row's columns "
-                              f"made this source {fmt}") from None
+    for _, example in read_rows(found, reader.read, dropped):
         reason = example_drop_reason(example)
         key = content_hash(example)
         if reason is None and key in seen:
