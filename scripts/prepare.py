@@ -15,7 +15,7 @@ run_stage(
         data=Data.model_validate(snakemake.params.recipe["data"]),
         out=Path(snakemake.output[0]),
         trust_remote_code=trusts_remote_code(snakemake.params.recipe),
-        objective=snakemake.params.recipe.get("train", {}).get("objective", "sft"),
+        kind=snakemake.params.recipe.get("data_kind", "chats"),
     ),
     recipe_file(snakemake),
     threads=snakemake.threads,

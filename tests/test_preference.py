@@ -17,7 +17,7 @@ from xtrain.backends import TrainJob, get_backend
 from xtrain.data import prepare
 from xtrain.errors import XtrainError
 from xtrain.plan import make_plan
-from xtrain.recipe import Data, DataSource, Hardware, Train
+from xtrain.recipe import DATA_KINDS, Data, DataSource, Hardware, Train
 
 REAL = REPO / "data/real"
 PAIRS = REPO / "data/pref/colours_sums.jsonl"
@@ -31,7 +31,7 @@ def run(model: Path, rows: list[dict] | Path, folder: Path, objective: str = "dp
         source = folder / "rows.jsonl"
         source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     data = Data(sources=[DataSource(path=str(source))], **{"seq_len": 1024, "eval_fraction": 0.2, **settings})
-    return prepare([source], model, data, folder / "prepared", objective=objective), folder / "prepared"
+    return prepare([source], model, data, folder / "prepared", kind=DATA_KINDS[objective]), folder / "prepared"
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +193,17 @@ def test_the_dpo_demo_runs_through_snakemake_and_reruns_only_what_an_edit_change
     path.write_text(recipe.replace("objective: dpo", "objective: kto"))
     refused = snakemake(project, "-n", "reports/demo_dpo/gate.json", check=False)
     assert refused.returncode != 0 and "set train.objective: dpo" in refused.stdout + refused.stderr
+
+
+def test_orpo_trains_on_the_pairs_without_a_reference_model(tiny_model, tmp_path):
+    manifest, prepared = run(tiny_model, PAIRS, tmp_path, seq_len=128)
+    train = Train(objective="orpo", global_batch_size=8, max_steps=6, learning_rate=5e-3, logging_steps=1,
+                  lr_scheduler="constant")
+    plan = make_plan(tiny_model, manifest, train, Hardware())
+    job = TrainJob(tiny_model, prepared, plan, train, Hardware(), tmp_path / "checkpoint", tmp_path / "work", None)
+    job.out.mkdir()
+    steps = [e for e in get_backend("trl_cpu").run(job).log_history if "nll_loss" in e]
+    # ORPO's loss is the answers' NLL plus beta times the odds-ratio term, which is positive.
+    assert all(e["loss"] > e["nll_loss"] for e in steps)
+    assert steps[-1]["nll_loss"] < steps[0]["nll_loss"], "the chosen answers are learned (the SFT part)"
+    assert (job.out / "adapter_config.json").is_file()

@@ -2,7 +2,7 @@
 
 Both are scored on the prepared eval split with the same template and masking as training:
 the loss is the mean negative log-likelihood over supervised (assistant) tokens, and perplexity
-is its exponential. On preference data (train.objective dpo / kto) the loss is over the chosen (desirable)
+is its exponential. On preference data (train.objective dpo, orpo, kto) the loss is over the chosen (desirable)
 answers, and `preference_eval` adds how each model ranks the answers. Both also answer a fixed set of eval prompts greedily (`generations`), scored
 against the reference answers. eval.json holds flat metric names -> numbers (`recipe.EVAL_METRICS`),
 for `dvc metrics`; the answers themselves go to generations.json. lm-evaluation-harness tasks listed in
@@ -98,8 +98,8 @@ def evaluate(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir, trust_remote_code=trust_remote_code)
-    objective = read_json(prepared_dir / "manifest.json").get("objective", "sft")
-    pairs = load_preference_split(prepared_dir, objective) if objective != "sft" else None
+    kind = read_json(prepared_dir / "manifest.json").get("data_kind", "chats")
+    pairs = load_preference_split(prepared_dir, kind) if kind != "chats" else None
     input_ids, masks, row_hashes = pairs.scored if pairs else load_eval_split(prepared_dir)
     prompts = []
     if settings.generations:

@@ -1,4 +1,4 @@
-"""Evaluating a preference-tuned model on held-out pairs (dpo) or labelled answers (kto), base vs tuned.
+"""Evaluating a preference-tuned model on held-out pairs (dpo, orpo) or labelled answers (kto), base vs tuned.
 
 Each answer is scored by its summed log-probability given the prompt under each model. A model prefers the chosen
 answer of a pair when it gives it the higher log-probability; the implicit reward of an answer is the tuned model's
@@ -19,7 +19,7 @@ Scores = list[tuple[float, int]]  # per sequence: summed NLL of the answer, and 
 
 @dataclass(frozen=True)
 class PreferenceSplit:
-    objective: str
+    kind: str  # pairs or labelled
     prompts: list[list[int]]
     answers: list[list[list[int]]]  # per row: [chosen, rejected] (dpo) or [completion] (kto)
     labels: list[bool] | None
@@ -49,7 +49,7 @@ class PreferenceSplit:
         logp = {name: [-nll for nll, _ in rows] for name, rows in scores.items()}
         per_token = {name: [-nll / max(count, 1) for nll, count in rows] for name, rows in scores.items()}
         out: dict[str, float | None] = {"eval_pairs": len(self.prompts)}
-        if self.objective == "dpo":
+        if self.kind == "pairs":
             for name in scores:
                 out[f"{name}_chosen_logp_per_token"] = mean(per_token[name][0::2])
                 out[f"{name}_rejected_logp_per_token"] = mean(per_token[name][1::2])
@@ -75,11 +75,11 @@ def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def load_preference_split(prepared_dir: Path, objective: str) -> PreferenceSplit:
+def load_preference_split(prepared_dir: Path, kind: str) -> PreferenceSplit:
     from datasets import Dataset
 
     split = Dataset.from_parquet(str(split_file(prepared_dir, "eval")))
-    prompt, *answer_columns = PREFERENCE_COLUMNS[objective]
+    prompt, *answer_columns = [column for column in PREFERENCE_COLUMNS[kind] if column != LABEL]
     answers = [list(row) for row in zip(*(split[column] for column in answer_columns))]
-    labels = split[LABEL] if objective == "kto" else None
-    return PreferenceSplit(objective, split[prompt], answers, labels, split["row_hash"])
+    labels = split[LABEL] if kind == "labelled" else None
+    return PreferenceSplit(kind, split[prompt], answers, labels, split["row_hash"])

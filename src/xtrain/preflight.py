@@ -17,7 +17,7 @@ from .errors import XtrainError
 from .hub import model_folder
 from .paths import check_recipe_paths
 from .plan import check_micro_batch
-from .recipe import Recipe, RecipeError, load_recipe
+from .recipe import DATA_KINDS, Recipe, RecipeError, load_recipe
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def preflight(path: str | Path, project: Path, allowed: Iterable[str] = (), buil
         model_folder(recipe.model)  # a hub model must be in the cache
         for source in recipe.data.sources:
             if source.path is not None and (project / source.path).exists():
-                check_first_rows(source, project / source.path, recipe.train.objective)
+                check_first_rows(source, project / source.path, DATA_KINDS[recipe.train.objective])
         check_micro_batch(recipe.train, recipe.hardware)
         backends.check(recipe.train.backend, recipe.train, recipe.hardware, packed=recipe.data.packing)
     except XtrainError as exc:  # these name the field; the recipe file is added here

@@ -245,10 +245,10 @@ class Lora(Section):
 
 
 class Preference(Section):
-    """Settings of a preference objective (train.objective dpo or kto)."""
+    """Settings of a preference objective (train.objective dpo, kto or orpo)."""
 
-    beta: PositiveFloat = Field(0.1, description="How far the tuned model may move from the reference (DPO's and "
-                                "KTO's beta): higher keeps it closer.")
+    beta: PositiveFloat = Field(0.1, description="DPO/KTO: how far the tuned model may move from the reference "
+                                "(higher keeps it closer); ORPO: the weight of the odds-ratio term (its lambda).")
     loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
         "sigmoid", description="DPO only: the pair loss (sigmoid: DPO; ipo; hinge: SLiC)."
     )
@@ -258,7 +258,10 @@ class Preference(Section):
     ONLY: ClassVar[dict[str, str]] = {"loss_type": "dpo", "desirable_weight": "kto", "undesirable_weight": "kto"}
 
 
-OBJECTIVES = ("sft", "dpo", "kto")
+OBJECTIVES = ("sft", "dpo", "kto", "orpo")
+# What each objective trains on, as prepare writes it: chats, pairs of a chosen and a rejected answer, or answers
+# labelled desirable or not. Objectives that share a kind share their prepared data.
+DATA_KINDS = {"sft": "chats", "dpo": "pairs", "orpo": "pairs", "kto": "labelled"}
 
 
 class Train(Section):
@@ -267,7 +270,8 @@ class Train(Section):
     backend: Literal[BACKENDS] = Field("trl_cpu", description="Training backend: " + ", ".join(BACKENDS) + ".")
     objective: Literal[OBJECTIVES] = Field(
         "sft", description="sft: supervised fine-tuning on chat or text data; dpo: pairs of a chosen and a rejected "
-        "answer; kto: answers labelled desirable or not. The data must be of that kind.",
+        "answer; orpo: the same pairs, without a reference model (SFT loss plus an odds-ratio term); kto: answers "
+        "labelled desirable or not. The data must be of that kind.",
     )
     preference: Preference | None = Field(
         None, description="DPO/KTO settings; only with objective dpo or kto (defaults apply when unset)."
@@ -317,7 +321,7 @@ class Train(Section):
         if objective == "sft":
             if settings is not None:
                 raise ValueError("`preference` settings are given but objective is `sft`: remove them or set "
-                                 "objective: dpo or kto")
+                                 "objective: dpo, kto or orpo")
             return data
         for name, only in Preference.ONLY.items():
             default = Preference.model_fields[name].default  # a dumped recipe carries every default
@@ -569,10 +573,11 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
     dump = recipe.model_dump(mode="json")
     # Only a recipe that trusts remote code passes it on, so the slices (and builds) of others do not change.
     trust = {"model": {"trust_remote_code": True}} if recipe.model.trust_remote_code else {}
-    preference = {"train": {"objective": recipe.train.objective}} if recipe.train.objective != "sft" else {}
+    kind = DATA_KINDS[recipe.train.objective]
+    preference = {"data_kind": kind} if kind != "chats" else {}
     slices = {
         # A preference objective decides what the data is (pairs, labelled answers) and how it is prepared; SFT
-        # recipes' slices stay as they were, so their prepared data is not rebuilt.
+        # recipes' slices stay as they were, so their prepared data is not rebuilt (nor DPO's for ORPO).
         "prepare": {"data": dump["data"], **preference, **trust},
         "plan": {
             "train": {k: dump["train"][k] for k in Train.SHAPE_FIELDS},

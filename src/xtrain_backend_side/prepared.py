@@ -13,10 +13,10 @@ from pathlib import Path
 INPUT_IDS = "input_ids"
 LOSS_MASK = "assistant_masks"
 SEQ_LENGTHS = "seq_lengths"
-# Preference data (train.objective dpo / kto), in TRL's column names: the prompt's tokens once, then each answer's.
+# Preference data (train.objective dpo / orpo / kto), in TRL's column names: the prompt's tokens once, then each answer's.
 PROMPT_IDS, CHOSEN_IDS, REJECTED_IDS, COMPLETION_IDS, LABEL = (
     "prompt_ids", "chosen_ids", "rejected_ids", "completion_ids", "label")
-PREFERENCE_COLUMNS = {"dpo": (PROMPT_IDS, CHOSEN_IDS, REJECTED_IDS), "kto": (PROMPT_IDS, COMPLETION_IDS)}
+PREFERENCE_COLUMNS = {"pairs": (PROMPT_IDS, CHOSEN_IDS, REJECTED_IDS), "labelled": (PROMPT_IDS, COMPLETION_IDS, LABEL)}
 IGNORE_INDEX = -100  # the label of a token without loss (PyTorch cross-entropy's default ignore_index)
 
 

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from xtrain_backend_side.prepared import (
+    CHOSEN_IDS,
     COMPLETION_IDS,
-    LABEL,
+    IGNORE_INDEX,
+    PROMPT_IDS,
+    REJECTED_IDS,
     PREFERENCE_COLUMNS,
     split_file,
     train_split_is_packed,
@@ -23,6 +26,7 @@ from xtrain_backend_side.prepared import (
 from xtrain_backend_side.trainer_parts import save_every, step_grouped
 
 from ..errors import XtrainError
+from ..recipe import DATA_KINDS
 from . import guards
 from .base import PLANNED_HARDWARE, TrainJob, TrainResult
 
@@ -59,7 +63,14 @@ TRL_FIELDS = {
 }
 
 
-CONFIGS = {"sft": lambda trl: trl.SFTConfig, "dpo": lambda trl: trl.DPOConfig, "kto": lambda trl: trl.KTOConfig}
+def orpo_config(_):
+    from trl.experimental.orpo import ORPOConfig
+
+    return ORPOConfig
+
+
+CONFIGS = {"sft": lambda trl: trl.SFTConfig, "dpo": lambda trl: trl.DPOConfig, "kto": lambda trl: trl.KTOConfig,
+           "orpo": orpo_config}
 
 
 @dataclass(frozen=True)
@@ -116,10 +127,12 @@ def trainer_class(objective: str = "sft"):
 
 
 def preference_trainer(objective: str):
-    """DPOTrainer or KTOTrainer on the rows prepare tokenized with the recipe's chat template (`prompt_ids` and each
-    answer's ids): TRL's own tokenization of text is skipped. With LoRA, the reference model is the base with the
-    adapter disabled (no second copy); with a full fine-tune, TRL's frozen copy."""
+    """DPOTrainer, KTOTrainer or (TRL's experimental) ORPOTrainer on the rows prepare tokenized with the recipe's
+    chat template (`prompt_ids` and each answer's ids): TRL's own tokenization of text is skipped. With LoRA, the
+    reference model (DPO, KTO) is the base with the adapter disabled (no second copy); with a full fine-tune, TRL's
+    frozen copy. ORPO has none."""
     from trl import DPOTrainer, KTOTrainer
+    from trl.experimental.orpo import ORPOTrainer
 
     class XtrainDPOTrainer(DPOTrainer):
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
@@ -133,7 +146,17 @@ def preference_trainer(objective: str):
             return dataset.map(lambda rows: {"KL_completion_ids": rows[COMPLETION_IDS][-1:] + rows[COMPLETION_IDS][:-1]},
                                batched=True, batch_size=args.per_device_train_batch_size)
 
-    return {"dpo": XtrainDPOTrainer, "kto": XtrainKTOTrainer}[objective]
+    class XtrainORPOTrainer(ORPOTrainer):
+        def tokenize_row(self, feature, model=None):
+            """ORPO's row layout from the prepared tokens: each answer after the prompt, labelled on the answer."""
+            prompt = feature[PROMPT_IDS]
+            row = {"prompt_input_ids": prompt, "prompt_attention_mask": [1] * len(prompt)}
+            for name, answer in (("chosen", feature[CHOSEN_IDS]), ("rejected", feature[REJECTED_IDS])):
+                row |= {f"{name}_input_ids": prompt + answer, f"{name}_attention_mask": [1] * (len(prompt) + len(answer)),
+                        f"{name}_labels": [IGNORE_INDEX] * len(prompt) + answer}
+            return row
+
+    return {"dpo": XtrainDPOTrainer, "kto": XtrainKTOTrainer, "orpo": XtrainORPOTrainer}[objective]
 
 
 def fsdp_settings(job: TrainJob) -> dict:
@@ -177,8 +200,7 @@ def native(job: TrainJob, placement: Placement) -> dict:
         "objective": objective,
         "config": (arguments if objective == "sft" else preference_arguments(job, arguments)) | fsdp,
         "peft": job.train.lora.peft_kwargs() | {"task_type": "CAUSAL_LM"} if job.train.method == "lora" else None,
-        "columns": training_columns(packed) if objective == "sft" else
-        [*PREFERENCE_COLUMNS[objective], *([LABEL] if objective == "kto" else [])],
+        "columns": training_columns(packed) if objective == "sft" else list(PREFERENCE_COLUMNS[DATA_KINDS[objective]]),
         "save_every_seconds": job.train.checkpoint_minutes * 60,
     }
 
@@ -230,18 +252,20 @@ def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool 
 
 
 def preference_arguments(job: TrainJob, sft: dict) -> dict:
-    """`DPOConfig` / `KTOConfig` keyword arguments: the SFT ones without packing, and the objective's settings. The
+    """`DPOConfig` / `KTOConfig` / `ORPOConfig` keyword arguments: the SFT ones without packing, and the objective's
+    settings. The
     recipe's LoRA dropout is kept (TRL would disable dropout); at step 0 the adapter adds nothing, so the policy still
     equals the reference and the first DPO loss is ln 2."""
-    settings = job.train.preference
-    arguments = {key: value for key, value in sft.items() if key not in ("packing", "padding_free")}
+    settings, objective = job.train.preference, job.train.objective
+    sft_only = ("packing", "padding_free", "loss_type") if objective == "orpo" else ("packing", "padding_free")
+    arguments = {key: value for key, value in sft.items() if key not in sft_only}
     arguments |= {"beta": settings.beta, "disable_dropout": False,
                   # Rows are not length-grouped (TRL's preference collators pad each batch); KTO's KL estimate pairs
                   # rows within a batch in their stored order, which TRL requires to be sequential.
                   "train_sampling_strategy": "sequential" if job.train.objective == "kto" else "random"}
-    if job.train.objective == "dpo":
+    if objective == "dpo":
         arguments["loss_type"] = [settings.loss_type]
-    else:
+    elif objective == "kto":
         arguments |= {"desirable_weight": settings.desirable_weight, "undesirable_weight": settings.undesirable_weight}
     return arguments
 

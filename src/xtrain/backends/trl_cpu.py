@@ -11,7 +11,8 @@ class TrlCpu:
     name = "trl_cpu"
     capabilities = Capabilities(
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
-        methods=("lora", "full"), objectives=("sft", "dpo", "kto"), precisions=("fp32", "bf16"), packing=True, resume=True,
+        methods=("lora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16"), packing=True,
+        resume=True,
     )
     fields = TRL_FIELDS | ONE_CPU_PROCESS
 

@@ -51,9 +51,9 @@ MEDIA_PARTS = {"image": "image", "image_url": "image", "input_image": "image", "
                "input_audio": "audio", "video": "video", "video_url": "video"}
 # Columns that make a row something other than supervised chat data, and what that data is.
 OTHER_KINDS = (
-    (("chosen", "rejected"), "preference pairs (DPO: `chosen` / `rejected`)", "train.objective: dpo"),
-    (("chosen_messages", "rejected_messages"), "preference pairs (DPO: `chosen_messages` / `rejected_messages`)",
-     "train.objective: dpo"),
+    (("chosen", "rejected"), "preference pairs (DPO/ORPO: `chosen` / `rejected`)", "train.objective: dpo or orpo"),
+    (("chosen_messages", "rejected_messages"), "preference pairs (DPO/ORPO: `chosen_messages` / `rejected_messages`)",
+     "train.objective: dpo or orpo"),
     (("label",), "unpaired preference rows (KTO: a boolean `label`)", "train.objective: kto"),
     (("kto_tag",), "unpaired preference rows (KTO: `kto_tag`)", "train.objective: kto"),
     (("images",), "multimodal rows (`images`)", "a vision-language model and recipe"),

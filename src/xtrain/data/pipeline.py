@@ -195,12 +195,12 @@ def source_format(source: DataSource, found: SourceRows) -> str:
     return fmt
 
 
-def check_first_rows(source: DataSource, path: Path, objective: str = "sft", rows: int = 20) -> str:
+def check_first_rows(source: DataSource, path: Path, kind: str = "chats", rows: int = 20) -> str:
     """Before any job: a local source's first rows are read, its format detected (chats for sft, preference data
     for dpo/kto), and those rows parsed; the format."""
     found = read_source(source, path, limit=rows)
-    if objective != "sft":
-        return preference.read_examples(source, found, objective, set())[0]
+    if kind != "chats":
+        return preference.read_examples(source, found, kind, set())[0]
     fmt = source_format(source, found)
     normaliser = Normaliser(source, fmt)
     for _ in read_rows(found, normaliser.read, Counter()):
@@ -317,19 +317,19 @@ def pack(table: pa.Table, seq_len: int):
 
 def prepare(
     sources: list[Path], model_dir: Path, data: Data, out: Path, trust_remote_code: bool = False,
-    objective: str = "sft",
+    kind: str = "chats",
 ) -> dict[str, Any]:
     """Build `out` (train/eval Parquet, manifest.json, preview.txt) atomically; return the manifest.
 
-    `sources` are the local files of `data.sources` in order (hub sources have none); `objective` (the recipe's
-    train.objective) says whether they hold chats (sft) or preference data (dpo, kto).
+    `sources` are the local files of `data.sources` in order (hub sources have none); `kind` (recipe.DATA_KINDS of
+    train.objective) says whether they hold chats (sft), pairs (dpo, orpo) or labelled answers (kto).
     """
     from datasets import Dataset
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    if objective != "sft":
-        return prepare_preference(sources, tokenizer, model_dir, data, out, objective)
+    if kind != "chats":
+        return prepare_preference(sources, tokenizer, model_dir, data, out, kind)
     seen: set[str] = set()
     near = NearDuplicates(data.near_dedupe_threshold) if data.near_dedupe_threshold else None
     chats, origin, per_source = [], [], {}
@@ -428,8 +428,8 @@ def prepare(
     return manifest
 
 
-def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Data, out: Path, objective: str):
-    """prepare for train.objective dpo (pairs) or kto (labelled answers): each example's prompt tokens once and
+def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Data, out: Path, kind: str):
+    """prepare for pairs (dpo, orpo) or labelled answers (kto): each example's prompt tokens once and
     each answer's tokens, split by prompt so that examples sharing a prompt stay in one split."""
     from datasets import Dataset
 
@@ -437,13 +437,13 @@ def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Da
     examples, origin, per_source = [], [], {}
     for index, (source, path) in enumerate(zip(data.sources, local_paths(data, sources))):
         found = read_source(source, path)
-        fmt, read, dropped = preference.read_examples(source, found, objective, seen)
+        fmt, read, dropped = preference.read_examples(source, found, kind, seen)
         unfilled = Counter()
         for example in read:
             chat = fill_placeholders({"messages": [*example["prompt"], *preference.answers(example)]}, source.replace,
                                      unfilled)
             example["prompt"] = chat["messages"][: len(example["prompt"])]
-            for key, message in zip(preference.ANSWER_KEYS[objective], chat["messages"][len(example["prompt"]):]):
+            for key, message in zip(preference.ANSWER_KEYS[kind], chat["messages"][len(example["prompt"]):]):
                 example[key] = message
         per_source[found.name] = {"format": fmt, "rows": len(found.rows), "weight": source.weight, "dropped": dropped,
                                   **({"unfilled_placeholders": dict(sorted(unfilled.items()))} if unfilled else {})}
@@ -455,7 +455,7 @@ def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Da
                  for chat in preference.chats(example)] for example in examples]
     flat = [chat for chats in rendered for chat in chats]
     encoded = iter(encode_chats(tokenizer, template, [c["messages"] for c in flat], [c["tools"] for c in flat]))
-    columns = preference.COLUMNS[objective]
+    columns = preference.COLUMNS[kind]
     splits: dict[str, list[dict]] = {name: [] for name in SPLITS}
     for example, chats, source_index in zip(examples, rendered, origin):
         prompt_ids, answer_ids = preference.answer_tokens([next(encoded) for _ in chats])
@@ -464,7 +464,7 @@ def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Da
             stats["dropped"]["over seq_len"] += 1
             continue
         row = {columns[0]: prompt_ids, **dict(zip(columns[1:], answer_ids)), "row_hash": content_hash(example),
-               **({"label": example["label"]} if objective == "kto" else {})}
+               **({"label": example["label"]} if kind == "labelled" else {})}
         if is_eval_row(preference.prompt_hash(example), data.eval_fraction):
             splits["eval"].append(row)
         else:
@@ -482,7 +482,7 @@ def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Da
                                for source, stats in per_source.items())
             raise XtrainError(f"the {name} split is empty ({counts}); add data or change data.eval_fraction")
     manifest: dict[str, Any] = {
-        "objective": objective,
+        "data_kind": kind,
         "sources": per_source,
         "seq_len": data.seq_len,
         "chat_template": data.chat_template,

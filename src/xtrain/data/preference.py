@@ -1,4 +1,4 @@
-"""Preference data (train.objective dpo or kto): rows of the formats users bring -> prompt and answer tokens.
+"""Preference data (train.objective dpo, orpo or kto): rows of the formats users bring -> prompt and answer tokens.
 
 A pair is `{"prompt": [messages], "chosen": message, "rejected": message, "tools"}` and a labelled answer (KTO)
 `{"prompt": [messages], "completion": message, "label": bool, "tools"}`, read from:
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from xtrain_backend_side.prepared import LABEL
 from xtrain_backend_side.prepared import PREFERENCE_COLUMNS as COLUMNS
 
 from ..errors import XtrainError
@@ -41,13 +42,14 @@ PAIR_FORMATS = (
     (("chosen", "rejected"), "message_pairs"),
 )
 LABEL_COLUMNS = ("label", "kto_tag")
-ANSWER_KEYS = {"dpo": ("chosen", "rejected"), "kto": ("completion",)}
+ANSWER_KEYS = {"pairs": ("chosen", "rejected"), "labelled": ("completion",)}
 SFT_HINT = "supervised chat data (no chosen/rejected answers, no label): set train.objective: sft"
 
 
-def detect(row: dict[str, Any], objective: str) -> str:
-    """The preference format of a source from its first row, or an error naming what the data is instead."""
-    if objective == "kto":
+def detect(row: dict[str, Any], kind: str) -> str:
+    """The format of a source of `kind` (pairs or labelled) from its first row, or an error naming what the data is
+    instead and the objective it needs."""
+    if kind == "labelled":
         if any(column in row for column in LABEL_COLUMNS) and (
                 "messages" in row or "conversations" in row or ("prompt" in row and "completion" in row)):
             return "labelled"
@@ -144,7 +146,7 @@ def answer(message: dict) -> dict:
 
 
 def answers(example: Example) -> list[dict]:
-    return [example[key] for key in ANSWER_KEYS["dpo" if "chosen" in example else "kto"]]
+    return [example[key] for key in ANSWER_KEYS["labelled" if "completion" in example else "pairs"]]
 
 
 def chats(example: Example) -> list[Chat]:
@@ -163,10 +165,10 @@ def example_drop_reason(example: Example) -> str | None:
     return next((reason for chat in chats(example) if (reason := drop_reason(chat))), None)
 
 
-def read_examples(source: DataSource, found: SourceRows, objective: str, seen: set[str]):
+def read_examples(source: DataSource, found: SourceRows, kind: str, seen: set[str]):
     """A source's readable, trainable, not-yet-seen examples, its format and its drop counts."""
     try:
-        fmt = detect(found.rows[0], objective)
+        fmt = detect(found.rows[0], kind)
     except XtrainError as exc:
         raise XtrainError(f"{found.where(0)}: {exc}") from None
     reader = PreferenceReader(source, fmt)
@@ -203,13 +205,14 @@ def answer_tokens(encoded: list[tuple[list[int], list[int]]]) -> tuple[list[int]
 
 def split_stats(rows: list[dict], columns: tuple[str, ...], seq_len: int) -> dict[str, Any]:
     """Counts of one split; each example is one sequence per answer (prompt + answer), as the trainer sees them."""
-    lengths = np.array([len(row[columns[0]]) + len(row[key]) for row in rows for key in columns[1:]])
-    supervised = sum(len(row[key]) for row in rows for key in columns[1:])
+    answers = [column for column in columns[1:] if column != LABEL]
+    lengths = np.array([len(row[columns[0]]) + len(row[key]) for row in rows for key in answers])
+    supervised = sum(len(row[key]) for row in rows for key in answers)
     counts, edges = np.histogram(lengths, bins=HISTOGRAM_BINS, range=(0, seq_len))
     stats = {
         "rows": len(rows),
         "examples": len(rows),
-        "sequences_per_row": len(columns) - 1,
+        "sequences_per_row": len(answers),
         "tokens": int(lengths.sum()),
         "supervised_tokens": int(supervised),
         "supervised_fraction": round(supervised / int(lengths.sum()), 4),
@@ -228,7 +231,7 @@ def preview(rows: list[dict], columns: tuple[str, ...], tokenizer) -> str:
     for i, row in enumerate(rows[:PREVIEW_ROWS]):
         label = f", label {row['label']}" if "label" in row else ""
         parts = [f"--- {key.removesuffix('_ids')} ({len(row[key])} tokens) ---\n"
-                 f"{TRAINED[0]}{tokenizer.decode(row[key])}{TRAINED[1]}" for key in columns[1:]]
+                 f"{TRAINED[0]}{tokenizer.decode(row[key])}{TRAINED[1]}" for key in columns[1:] if key != LABEL]
         blocks.append(f"=== example {i + 1}: prompt {len(row[columns[0]])} tokens{label} ===\n"
                       f"{tokenizer.decode(row[columns[0]])}\n" + "\n".join(parts))
     return (f"First {len(blocks)} train examples: the prompt once (context), then each answer; tokens between "

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import XtrainError
 from ..gpus import GPUS
-from ..recipe import Hardware, Train
+from ..recipe import DATA_KINDS, Hardware, Train
 from .memory import BYTES, Step, analytical, traced
 from .model import count_parameters
 from .schema import Plan, read_plan, write_plan
@@ -41,6 +41,7 @@ GPU_HOST_CPUS = 8  # cores per GPU for the launcher and data loading, when hardw
 # A preference step also runs the reference model forward (no backward) on the same sequences: about a third of a
 # forward + backward.
 REFERENCE_FORWARD = 1 / 3
+REFERENCED = ("dpo", "kto")  # objectives with a reference model (ORPO has none)
 
 
 @dataclass
@@ -78,7 +79,7 @@ class Planner:
                 self.estimator, self.fallback_reason = "analytical", f"{type(exc).__name__}: {exc}"[:300]
                 log.warning("memory trace failed, using the analytical estimator: %s", self.fallback_reason)
         breakdown = breakdown or analytical(self.params, self.train.method, step)
-        if self.train.objective != "sft" and self.train.method == "full":  # the frozen reference model
+        if self.train.objective in REFERENCED and self.train.method == "full":  # the frozen reference model
             breakdown["weights"] += self.params["total"] * BYTES[step.weights_dtype]
         return breakdown
 
@@ -109,7 +110,7 @@ class Planner:
         else:  # without a trace the op count is unknown: small models will run slower than predicted
             per_token, ops, source = flops_per_token(self.params, step.seq_len, step.checkpointing), 0, "analytical"
         seconds = tokens * per_token / rates["matmul_flops"] + ops * rates["op_seconds"]
-        if self.train.objective != "sft":
+        if self.train.objective in REFERENCED:
             seconds *= 1 + REFERENCE_FORWARD
         return seconds, {"flops_per_token": round(per_token), "flops_source": source, "ops_per_micro_step": ops,
                          "device_flops": rates["matmul_flops"], "op_seconds": rates["op_seconds"],
@@ -123,10 +124,10 @@ def make_plan(
 ) -> Plan:
     params = count_parameters(model_dir, train, trust_remote_code)
     data = manifest["splits"]["train"]
-    if manifest.get("objective", "sft") != train.objective:
-        raise XtrainError(f"the prepared data is for train.objective {manifest.get('objective', 'sft')}, the recipe says "
-                          f"{train.objective}: re-run prepare")
-    sequences = data.get("sequences_per_row", 1) if train.objective == "dpo" else 1 + (train.objective == "kto")
+    if manifest.get("data_kind", "chats") != DATA_KINDS[train.objective]:
+        raise XtrainError(f"the prepared data holds {manifest.get('data_kind', 'chats')}, train.objective "
+                          f"{train.objective} trains on {DATA_KINDS[train.objective]}: re-run prepare")
+    sequences = data.get("sequences_per_row", 1) + (train.objective == "kto")  # KTO adds a KL pairing per answer
     planner = Planner(model_dir, train, hardware, params, trust_remote_code=trust_remote_code, sequences=sequences)
     # Batches are padded to their longest row, so the longest row sets the peak.
     longest = min(data.get("max_len") or manifest["seq_len"], manifest["seq_len"])
