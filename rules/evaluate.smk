@@ -7,6 +7,7 @@ rule evaluate:
     output:
         metrics="reports/{recipe}/eval.json",
         generations="reports/{recipe}/generations.json",
+        pairs="reports/{recipe}/pairs.json",
     log:
         "logs/{recipe}/evaluate.log",
     benchmark:
@@ -27,6 +28,7 @@ rule report:
         checkpoint="checkpoints/{recipe}",
         metrics="reports/{recipe}/eval.json",
         generations="reports/{recipe}/generations.json",
+        pairs="reports/{recipe}/pairs.json",
     output:
         html="reports/{recipe}/report.html",
         metrics_plot=report("reports/{recipe}/plots/metrics.svg", category="{recipe}", labels={"plot": "base vs tuned"}),

@@ -1,4 +1,5 @@
-"""Rule evaluate: base vs tuned held-out loss, perplexity and greedy answers -> eval.json, generations.json."""
+"""Rule evaluate: base vs tuned held-out loss, perplexity and greedy answers -> eval.json, generations.json, and
+each held-out preference pair's scores -> pairs.json (empty for SFT recipes)."""
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ run_stage(
         settings=Eval.model_validate(snakemake.params.recipe["eval"]),
         out=Path(snakemake.output.metrics),
         generations_out=Path(snakemake.output.generations),
+        pairs_out=Path(snakemake.output.pairs),
         trust_remote_code=trusts_remote_code(snakemake.params.recipe),
     ),
     recipe_file(snakemake),

@@ -16,6 +16,7 @@ run_stage(
         prepared_dir=Path(snakemake.input.prepared),
         metrics_path=Path(snakemake.input.metrics),
         generations_path=Path(snakemake.input.generations),
+        pairs_path=Path(snakemake.input.pairs),
         out=Path(snakemake.output.html),
         plot_paths={key: Path(snakemake.output[f"{key}_plot"]) for key in PLOTS},
     ),

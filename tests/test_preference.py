@@ -4,6 +4,7 @@ pairs; evaluation ranks the answers; data of the wrong kind is refused naming th
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import shutil
@@ -185,7 +186,13 @@ def test_the_dpo_demo_runs_through_snakemake_and_reruns_only_what_an_edit_change
     snakemake(project, "--cores", "2", "reports/demo_dpo/gate.json")
     metrics = read_json(project / "reports/demo_dpo/eval.json")
     assert metrics["reward_accuracy"] >= 0.6 and metrics["eval_pairs"] > 0
-    assert "reward_accuracy" in (project / "reports/demo_dpo/report.html").read_text()
+    page = (project / "reports/demo_dpo/report.html").read_text()
+    assert "<h2>Preference</h2>" in page and "reward margins" in page
+    pairs = read_json(project / "reports/demo_dpo/pairs.json")
+    assert len(pairs) == metrics["eval_pairs"] and all("reward_margin" in row for row in pairs)
+    assert sum(row["reward_margin"] > 0 for row in pairs) / len(pairs) == metrics["reward_accuracy"]
+    shown = [row for row in pairs if "prompt" in row]
+    assert shown and all(html.escape(answer["text"]) in page for row in shown for answer in row["answers"])
     path = project / "recipes/demo_dpo.yaml"
     path.write_text(recipe.replace("beta: 0.1", "beta: 0.2"))
     jobs = scheduled_jobs(snakemake(project, "-n", "reports/demo_dpo/gate.json").stdout)

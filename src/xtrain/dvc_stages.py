@@ -20,7 +20,7 @@ HEADER = "# Generated from recipes/ by `make dvc.yaml` (python -m xtrain.dvc_sta
 # Code and configuration every recipe's stages run; a change makes DVC ask Snakemake again.
 WORKFLOW_DEPS = ["Snakefile", "rules", "scripts", "src/xtrain", "config/config.yaml", "envs"]
 # What rules evaluate, report and gate write under reports/<recipe>/ besides the eval.json metrics.
-REPORT_OUTPUTS = ["generations.json", "report.html", "plots", "gate.json"]
+REPORT_OUTPUTS = ["generations.json", "pairs.json", "report.html", "plots", "gate.json"]
 
 
 def persisted(*paths: str) -> list[dict[str, Any]]:

@@ -92,8 +92,10 @@ def evaluate(
     out: Path,
     generations_out: Path | None = None,
     trust_remote_code: bool = False,
+    pairs_out: Path | None = None,
 ) -> dict[str, Any]:
-    """Write eval.json to `out` and the generations beside it (or to `generations_out`); returns the metrics."""
+    """Write eval.json to `out`, the generations and the preference pairs' scores beside it (or to `generations_out`
+    and `pairs_out`); returns the metrics."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -113,11 +115,11 @@ def evaluate(
         ),
         "tuned": lambda: load_tuned(model_dir, checkpoint_dir, trust_remote_code),
     }
-    answers, scores = {}, {}
+    answers, answer_scores = {}, {}
     for name, load in candidates.items():
         model = load()
         if pairs:
-            scores[name] = row_nll(model, *pairs.sequences, settings.batch_size, tokenizer.pad_token_id)
+            answer_scores[name] = row_nll(model, *pairs.sequences, settings.batch_size, tokenizer.pad_token_id)
         total, count = supervised_nll(model, input_ids, masks, settings.batch_size, tokenizer.pad_token_id)
         loss = total / count
         metrics[f"{name}_loss"] = loss
@@ -128,7 +130,7 @@ def evaluate(
     metrics["eval_supervised_tokens"] = count  # the same split and masks for both models
     metrics["loss_improvement"] = metrics["base_loss"] - metrics["tuned_loss"]
     if pairs:
-        metrics.update(pairs.metrics(scores))
+        metrics.update(pairs.metrics(answer_scores))
     if settings.lm_eval is not None:
         from .harness import run_tasks
 
@@ -139,5 +141,6 @@ def evaluate(
         metrics.update(scores)
         generations.warn_if_not_stopping(metrics)
     write_json(generations_out or out.with_name("generations.json"), records)
+    write_json(pairs_out or out.with_name("pairs.json"), pairs.records(answer_scores, tokenizer) if pairs else [])
     write_json(out, metrics)
     return metrics

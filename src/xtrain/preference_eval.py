@@ -70,6 +70,34 @@ class PreferenceSplit:
         return out
 
 
+    def records(self, scores: dict[str, Scores], tokenizer, shown: int = 6) -> list[dict]:
+        """Each held-out row's answers with both models' log-probabilities (total and per token), in row-hash order;
+        the first `shown` also carry their text, for the report."""
+        width = len(self.answers[0])
+        names = ("chosen", "rejected") if self.kind == "pairs" else ("completion",)
+        rows = []
+        for i in sorted(range(len(self.prompts)), key=lambda i: self.row_hashes[i]):
+            answers = []
+            for j, name in enumerate(names):
+                answer = {"answer": name}
+                for model, sequences in scores.items():
+                    nll, count = sequences[i * width + j]
+                    answer |= {f"{model}_logp": -nll, f"{model}_logp_per_token": -nll / max(count, 1)}
+                if len(rows) < shown:
+                    answer["text"] = tokenizer.decode(self.answers[i][j])
+                answers.append(answer)
+            row = {"row_hash": self.row_hashes[i], "answers": answers}
+            if self.labels is not None:
+                row["label"] = self.labels[i]
+            else:
+                gains = [a["tuned_logp"] - a["base_logp"] for a in answers]
+                row["reward_margin"] = gains[0] - gains[1]
+            if len(rows) < shown:
+                row["prompt"] = tokenizer.decode(self.prompts[i])[-400:]
+            rows.append(row)
+        return rows
+
+
 def mean(values: list[float]) -> float | None:
     """The mean, or None (null in eval.json) when there is nothing to average."""
     return sum(values) / len(values) if values else None

@@ -90,6 +90,38 @@ def lengths_plot(manifest: dict[str, Any]) -> bytes:
     return _svg(fig)
 
 
+def margins_plot(pairs: list[dict[str, Any]]) -> bytes:
+    """Held-out pairs' implicit reward margins (tuned - base log-prob gain of chosen minus rejected)."""
+    fig, axes = _figure()
+    ax = axes[0][0]
+    margins = [row["reward_margin"] for row in pairs]
+    ax.hist(margins, bins=min(20, max(len(margins), 1)), color=TUNED_COLOUR)
+    ax.axvline(0, color="#555555", linewidth=1)
+    ax.set(title="Reward margin per held-out pair (right of 0: the tuned model prefers the chosen answer)",
+           xlabel="margin (nats)", ylabel="pairs")
+    return _svg(fig)
+
+
+def preference_section(metrics: dict[str, Any], pairs: list[dict[str, Any]]) -> str:
+    """Report section of a preference recipe: how the models rank held-out answers, and a few of them."""
+    if not pairs:
+        return ""
+    rows = [[html.escape(row["prompt"]).replace("\n", "<br>"), html.escape(a["answer"]) + (
+        f" (label {row['label']})" if "label" in row else ""), html.escape(a["text"]).replace("\n", "<br>"),
+             a["base_logp_per_token"], a["tuned_logp_per_token"]]
+            for row in pairs if "prompt" in row for a in row["answers"]]
+    plot = _img(margins_plot(pairs), "reward margins") if "reward_margin" in pairs[0] else ""
+    return f"""
+<h2>Preference</h2>
+<p>Reward accuracy {_number(metrics.get("reward_accuracy"))}{
+        f', mean reward margin {_number(metrics["reward_margin"])} nats' if "reward_margin" in metrics else ""}
+over {metrics["eval_pairs"]} held-out rows (the implicit reward of an answer is the tuned model's log-probability
+minus the base's).</p>
+{plot}
+{_table(["prompt (end, as templated)", "answer", "text", "base log-prob / token", "tuned log-prob / token"], rows)}
+"""
+
+
 def metrics_plot(metrics: dict[str, float]) -> bytes:
     """Base vs tuned: held-out loss, and the answer rates when generations ran."""
     rates = [name for name in ("exact_match", "token_f1", "stop_rate") if f"tuned_{name}" in metrics]
@@ -257,9 +289,10 @@ PLOTS = ("metrics", "training", "lengths")
 
 
 def write_report(name: str, recipe: dict[str, Any], plan_path: Path, checkpoint_dir: Path, prepared_dir: Path,
-                 metrics_path: Path, generations_path: Path, out: Path, plot_paths: dict[str, Path]) -> None:
+                 metrics_path: Path, generations_path: Path, pairs_path: Path, out: Path,
+                 plot_paths: dict[str, Path]) -> None:
     """report.html for one recipe, and its plots as SVG files (`plot_paths`, keyed by PLOTS)."""
-    metrics, records = read_json(metrics_path), read_json(generations_path)
+    metrics, records, pairs = read_json(metrics_path), read_json(generations_path), read_json(pairs_path)
     plan, train_metrics = read_plan(plan_path), read_json(checkpoint_dir / "train_metrics.json")
     manifest = read_json(prepared_dir / "manifest.json")
     plots = {"metrics": metrics_plot(metrics), "training": training_plot(train_metrics),
@@ -278,6 +311,7 @@ def write_report(name: str, recipe: dict[str, Any], plan_path: Path, checkpoint_
 {_table(["metric", "base", "tuned", "change"], metrics_rows(metrics))}
 {other}
 {_img(plots["metrics"], "base vs tuned metrics")}
+{preference_section(metrics, pairs)}
 <h2>Sample answers (greedy, at most {recipe['eval']['max_new_tokens']} new tokens)</h2>
 {answers}
 <h2>Training</h2>
