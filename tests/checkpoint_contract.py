@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import HANG_SECONDS
+
 LOAD_AND_GENERATE = """
 import json, sys
 from pathlib import Path
@@ -49,7 +51,7 @@ def assert_checkpoint_contract(checkpoint: Path, base_model: Path, backend: str)
         assert manifest.get(key) is not None, f"manifest.json lacks {key}"
     loaded = subprocess.run(
         [sys.executable, "-c", LOAD_AND_GENERATE, str(checkpoint), str(base_model)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=HANG_SECONDS,
     )
     assert loaded.returncode == 0, loaded.stderr
     assert json.loads(loaded.stdout.strip().splitlines()[-1])["new_tokens"] > 0

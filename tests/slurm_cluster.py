@@ -18,6 +18,8 @@ from debian import ensure_installed
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 CONF = Path("/etc/slurm/slurm.conf")
+# How long a daemon may take to come up; generous, as a test may run beside a CPU hog (bench/suite_under_load.py).
+STARTUP_SECONDS = 120
 
 
 def free_port() -> int:
@@ -86,20 +88,23 @@ class Cluster:
         if not Path("/etc/munge/munge.key").exists():
             subprocess.run(["runuser", "-u", "munge", "--", "mungekey", "--create"], check=True)
         subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True)
-        time.sleep(0.5)
-        pid = subprocess.run(["pgrep", "-x", "munged"], capture_output=True, text=True).stdout.split()
+        deadline = time.monotonic() + STARTUP_SECONDS  # munged daemonises before it is ready on a busy machine
+        while not (pid := subprocess.run(["pgrep", "-x", "munged"], capture_output=True, text=True).stdout.split()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("munged did not start; see /var/log/munge/munged.log")
+            time.sleep(0.2)
         self.started += [int(p) for p in pid]
 
     def _remember(self, pidfile: str) -> None:
         path = self.state / pidfile
-        for _ in range(50):
+        for _ in range(int(STARTUP_SECONDS / 0.1)):
             if path.exists() and path.read_text().strip():
                 self.started.append(int(path.read_text()))
                 return
             time.sleep(0.1)
         raise RuntimeError(f"{pidfile} did not appear; see {self.state}/*.log")
 
-    def _wait_idle(self, timeout: float = 30) -> None:
+    def _wait_idle(self, timeout: float = STARTUP_SECONDS) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True).stdout

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from backend_runs import ensure_backend_env, train_tiny_recipe_with_backend, trl_cpu_reference  # noqa: F401 (a fixture)
 from backend_runs import tiny_train as backend_train
-from conftest import REPO, sample_plan
+from conftest import HANG_SECONDS, REPO, sample_plan
 
 from xtrain import backends
 from xtrain.backends import TrainJob
@@ -106,7 +106,7 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
                                           model=tiny_model), tmp_path / "d.parquet"))
         paths.append(tmp_path / f"axolotl-{index}.yaml")
         paths[-1].write_text(yaml.safe_dump(configs[-1]))
-    loaded = subprocess.run([PYTHON, "-c", LOAD, *map(str, paths)], capture_output=True, text=True, timeout=600,
+    loaded = subprocess.run([PYTHON, "-c", LOAD, *map(str, paths)], capture_output=True, text=True, timeout=HANG_SECONDS,
                             cwd=tmp_path, env={**os.environ, **OFFLINE})
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     reports = [json.loads(line[7:]) for line in loaded.stdout.splitlines() if line.startswith("CONFIG ")]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, copy_workflow, scheduled_jobs
+from conftest import HANG_SECONDS, REPO, copy_workflow, scheduled_jobs
 
 from xtrain.dvc_stages import render
 
@@ -49,7 +49,7 @@ class Shell:
         self.env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
     def __call__(self, *cmd: str) -> str:
-        result = subprocess.run(cmd, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(cmd, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=HANG_SECONDS)
         assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
         return result.stdout + result.stderr
 

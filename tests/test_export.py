@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
+from conftest import HANG_SECONDS, REPO, copy_workflow, scheduled_jobs, snakemake
 
 from xtrain.data import prepare
 from xtrain.errors import RecipeError, XtrainError
@@ -85,7 +85,7 @@ def test_merged_logits_equal_base_plus_adapter_in_a_fresh_interpreter(trained):
     result = subprocess.run(
         [sys.executable, "-c", MERGED_VS_ADAPTER, str(trained["model"]), str(trained["checkpoint"]),
          str(trained["export"] / "merged"), json.dumps(PROMPTS)],
-        capture_output=True, text=True, timeout=300, check=True,
+        capture_output=True, text=True, timeout=HANG_SECONDS, check=True,
     )
     measured = json.loads(result.stdout.strip().splitlines()[-1])
     assert measured["merged_class"] == "LlamaForCausalLM"
@@ -243,7 +243,7 @@ class Terminal:
         self.tmux("send-keys", "-t", self.name, "-l", text)
         self.tmux("send-keys", "-t", self.name, "Enter")
 
-    def wait_for(self, predicate, timeout: float = 120) -> str:
+    def wait_for(self, predicate, timeout: float = HANG_SECONDS) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             screen = self.screen()
@@ -274,7 +274,7 @@ def test_chat_in_a_terminal_answers_streams_resets_and_exits(trained, folder):
         terminal.send("/reset")
         terminal.wait_for(lambda s: "(new conversation)" in s and s.count("you>") == 3)
         terminal.send("/exit")
-        assert "CHAT-EXITED 0" in terminal.wait_for(lambda s: "CHAT-EXITED" in s, timeout=30)
+        assert "CHAT-EXITED 0" in terminal.wait_for(lambda s: "CHAT-EXITED" in s)
     finally:
         terminal.close()
 
@@ -288,7 +288,7 @@ def test_chat_streams_tokens_as_they_are_generated(trained):
               "c.main([sys.argv[1], '--max-new-tokens', '16'])\n"
               "print('WRITES', sum(1 for w in writes if w.strip() and 'you>' not in w and 'model>' not in w))\n")
     result = subprocess.run([sys.executable, "-c", script, str(trained["checkpoint"])], input="Name a fruit.\n",
-                            capture_output=True, text=True, timeout=120, check=True)
+                            capture_output=True, text=True, timeout=HANG_SECONDS, check=True)
     assert int(result.stdout.rsplit("WRITES", 1)[1]) > 2, result.stdout
 
 

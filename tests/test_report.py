@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
+from conftest import HANG_SECONDS, REPO, copy_workflow, scheduled_jobs, snakemake
 from debian import ensure_installed
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ IMAGE_PROBE = """<script>window.addEventListener('load', () => {
 def demo(tmp_path_factory) -> Path:
     root = copy_workflow(tmp_path_factory.mktemp("report"), {"demo": DEMO})
     shutil.copytree(TASKS, root / "lm_eval_tasks")
-    snakemake(root, "--cores", "2", timeout=1500)  # ~2 min on a quiet machine; shared machines are slower
+    snakemake(root, "--cores", "2")
     return root
 
 
@@ -168,9 +168,9 @@ def render(chromium: str, page: Path, tmp_path: Path) -> tuple[dict, str, Path]:
     probed.write_text(page.read_text(encoding="utf-8").replace("</body>", IMAGE_PROBE + "</body>"), encoding="utf-8")
     base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
             "--window-size=1200,2400", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*base, "--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run([*base, "--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=HANG_SECONDS)
     shot = tmp_path / "shot.png"
-    subprocess.run([*base, f"--screenshot={shot}", probed.as_uri()], capture_output=True, timeout=120, check=True)
+    subprocess.run([*base, f"--screenshot={shot}", probed.as_uri()], capture_output=True, timeout=HANG_SECONDS, check=True)
     start = dom.stdout.index("data-images=")
     images = json.loads(dom.stdout[start:].split('"', 2)[1].replace("&quot;", '"'))
     console = "\n".join(line for line in dom.stderr.splitlines() if "CONSOLE" in line)
