@@ -10,7 +10,7 @@ venv: $(STAMP)
 
 # The pins live once, in envs/xtrain.yaml (also the conda env of the rules); torch goes first so that
 # pip takes the CPU build, then the rest of the pip section.
-$(STAMP): envs/xtrain.yaml Makefile
+$(STAMP): envs/xtrain.yaml Makefile pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
 	sed -n 's/^ \{6\}- //p' envs/xtrain.yaml > $(VENV)/requirements.txt
