@@ -186,6 +186,8 @@ def test_the_dpo_demo_runs_through_snakemake_and_reruns_only_what_an_edit_change
     snakemake(project, "--cores", "2", "reports/demo_dpo/gate.json")
     metrics = read_json(project / "reports/demo_dpo/eval.json")
     assert metrics["reward_accuracy"] >= 0.6 and metrics["eval_pairs"] > 0
+    progress = [line for line in (project / "logs/demo_dpo/train.log").read_text().splitlines() if " ETA " in line]
+    assert progress and "step 1/14 (7%) loss 0.6931" in progress[0], "each logged step is one line in the log"
     page = (project / "reports/demo_dpo/report.html").read_text()
     assert "<h2>Preference</h2>" in page and "reward margins" in page
     pairs = read_json(project / "reports/demo_dpo/pairs.json")

@@ -34,6 +34,33 @@ def save_every(seconds: float):
     return SaveEvery()
 
 
+# The logged values a progress line shows (the trainer logs more; all of it stays in trainer_state.json).
+PROGRESS_KEYS = ("loss", "train_loss", "nll_loss", "rewards/accuracies", "rewards/margins", "grad_norm", "learning_rate")
+
+
+def progress(write):
+    """A trainer callback that writes each logged step as one line through `write` (a logger's info): step of total,
+    percent, the main values, and the time left at the mean step time so far. It replaces the trainer's printing
+    of dicts to stdout, so the line lands in the stage's log and on the console alike, with no carriage returns."""
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.started, self.first = time.monotonic(), state.global_step
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs or not state.max_steps:
+                return
+            done, elapsed = state.global_step - self.first, time.monotonic() - self.started
+            left = (state.max_steps - state.global_step) * elapsed / done if done else None
+            values = ", ".join(f"{key} {logs[key]:.4g}" for key in PROGRESS_KEYS if isinstance(logs.get(key), float | int))
+            eta = "?" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
+            write(f"step {state.global_step}/{state.max_steps} ({state.global_step / state.max_steps:.0%}) "
+                  f"{values}; {elapsed:.0f} s so far, ETA {eta}")
+
+    return Progress()
+
+
 def mark_complete():
     """A trainer callback that writes COMPLETE_MARKER into each checkpoint once it is whole: on_save runs
     after the trainer wrote the folder, so a rerun resumes only from a complete one."""

@@ -23,7 +23,7 @@ from xtrain_backend_side.prepared import (
     train_split_is_packed,
     training_columns,
 )
-from xtrain_backend_side.trainer_parts import save_every, step_grouped
+from xtrain_backend_side.trainer_parts import progress, save_every, step_grouped
 
 from ..errors import XtrainError
 from ..recipe import DATA_KINDS
@@ -83,7 +83,7 @@ class Placement:
 
 def callbacks(save_every_seconds: float) -> list:
     """Every callback the trainer runs with, for every TRL backend."""
-    return [save_every(save_every_seconds), *guards.callbacks()]
+    return [save_every(save_every_seconds), progress(log.info), *guards.callbacks()]
 
 
 def cpu_placement(plan: dict) -> Placement:
@@ -274,10 +274,10 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     """Train `job` in this process (one of several under torchrun, or alone) and save the weights and the
     tokenizer in `job.out` (the main process only)."""
     import torch
+    import trl
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    import trl
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
     train, plan = job.train, job.plan
     on_cpu = placement.device == "cpu"
@@ -297,6 +297,7 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
         callbacks=callbacks(settings["save_every_seconds"]),
     )
+    trainer.remove_callback(PrinterCallback)  # the progress callback writes each logged step instead
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=job.resume_from)
     seconds = time.perf_counter() - started
