@@ -35,7 +35,7 @@ def test_every_recipe_has_a_stage_with_persisted_outputs_metrics_and_plot():
     assert sorted(set(pipeline["stages"]) - {"tiny_model"}) == recipes
     for name in recipes:
         stage = pipeline["stages"][name]
-        assert f"recipes/{name}.yaml" in stage["deps"]
+        assert stage["params"] == [{f"recipes/{name}.yaml": None}], "the recipe's keys are DVC params"
         assert all(options == {"persist": True} for out in stage["outs"] + stage["metrics"]
                    for options in out.values())
         assert {"loss_" + name: {"x": "step", "y": {f"checkpoints/{name}/train_metrics.json": "loss"}}} in pipeline["plots"]
@@ -93,3 +93,23 @@ def test_push_clone_pull_then_only_the_edited_recipe_retrains(tmp_path):
     assert after["tuned_loss"] != before["tuned_loss"]
     diff = clone("dvc", "metrics", "diff")
     assert "reports/a/eval.json" in diff and "tuned_loss" in diff and "reports/b/eval.json" not in diff
+    params = clone("dvc", "params", "diff")
+    assert "train.learning_rate" in params and "0.005" in params and "0.002" in params
+
+    # A two-point learning-rate sweep of recipe b as DVC experiments: each trains b only, and `dvc exp show` lists
+    # both with their metrics.
+    clone("git", "add", "-A")
+    clone("git", "-c", "user.email=ci@xtrain.invalid", "-c", "user.name=xtrain CI", "commit", "-qm", "a at 2e-3")
+    for rate in ("1.0e-3", "8.0e-3"):
+        clone("dvc", "exp", "run", "-S", f"recipes/b.yaml:train.learning_rate={rate}")
+    shown = json.loads(subprocess.run(["dvc", "exp", "show", "--json"], cwd=clone.cwd, env=clone.env,
+                                      capture_output=True, text=True, check=True).stdout)
+    rates = set()
+    for commit in shown:
+        for experiment in commit.get("experiments") or []:
+            for revision in experiment.get("revs", []):
+                data = revision.get("data", {})
+                rates.add(data.get("params", {}).get("recipes/b.yaml", {}).get("data", {}).get("train", {})
+                          .get("learning_rate"))
+                assert "tuned_loss" in data.get("metrics", {}).get("reports/b/eval.json", {}).get("data", {})
+    assert {1.0e-3, 8.0e-3} <= rates, shown

@@ -33,8 +33,11 @@ def recipe_stage(name: str, recipe: Recipe) -> dict[str, Any]:
     return {
         "cmd": " ".join(["snakemake --cores all", f"reports/{name}/gate.json", *exports]),
         # A hub model is pinned by its revision in the recipe file (and its commit in the checkpoint manifest).
-        "deps": [f"recipes/{name}.yaml", *(s.path for s in recipe.data.sources),
-                 *([recipe.model.path] if recipe.model.path else []), *WORKFLOW_DEPS],
+        "deps": [*(s.path for s in recipe.data.sources), *([recipe.model.path] if recipe.model.path else []),
+                 *WORKFLOW_DEPS],
+        # The recipe file as DVC params (every key): `dvc params diff` shows a hyperparameter change, and
+        # `dvc exp run -S recipes/<name>.yaml:train.learning_rate=1e-3` sweeps one.
+        "params": [{f"recipes/{name}.yaml": None}],
         "outs": persisted(f"prepared/{name}", f"plans/{name}/plan.json", f"checkpoints/{name}",
                           *(f"reports/{name}/{report}" for report in REPORT_OUTPUTS), *exports),
         "metrics": persisted(f"reports/{name}/eval.json"),
