@@ -216,3 +216,26 @@ def test_orpo_trains_on_the_pairs_without_a_reference_model(tiny_model, tmp_path
     assert all(e["loss"] > e["nll_loss"] for e in steps)
     assert steps[-1]["nll_loss"] < steps[0]["nll_loss"], "the chosen answers are learned (the SFT part)"
     assert (job.out / "adapter_config.json").is_file()
+
+
+def test_kto_plans_at_least_two_rows_per_forward_pass_and_refuses_fewer(tiny_model, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": f"A{i}."}],
+             "label": i % 2 == 0} for i in range(40)]
+    manifest, _ = run(tiny_model, rows, tmp_path, objective="kto")
+    with pytest.raises(XtrainError, match="kto estimates its KL term.*at least 2 rows"):
+        make_plan(tiny_model, manifest, Train(objective="kto", global_batch_size=1), Hardware())
+    plan = make_plan(tiny_model, manifest, Train(objective="kto", global_batch_size=4), Hardware())
+    assert plan.layout.micro_batch_size >= 2
+
+
+def test_trl_local_trains_dpo_over_two_processes_from_the_same_first_loss(dpo_run, tiny_model, tmp_path):
+    """The same pairs on trl_local with two CPU processes (torchrun, DDP over gloo): the first loss equals trl_cpu's."""
+    job, _, result = dpo_run
+    hardware = Hardware(processes=2)
+    train = job.train.model_copy(update={"backend": "trl_local", "max_steps": 2})
+    plan = make_plan(tiny_model, json.loads((job.prepared_dir / "manifest.json").read_text()), train, hardware)
+    local = TrainJob(tiny_model, job.prepared_dir, plan, train, hardware, tmp_path / "out", tmp_path / "work", None)
+    local.out.mkdir()
+    first = [e for e in get_backend("trl_local").run(local).log_history if "loss" in e][0]["loss"]
+    cpu_first = [e for e in result.log_history if "loss" in e][0]["loss"]
+    assert abs(first - cpu_first) < 1e-3 and abs(first - math.log(2)) < 1e-4

@@ -42,6 +42,7 @@ GPU_HOST_CPUS = 8  # cores per GPU for the launcher and data loading, when hardw
 # forward + backward.
 REFERENCE_FORWARD = 1 / 3
 REFERENCED = ("dpo", "kto")  # objectives with a reference model (ORPO has none)
+MIN_MICRO = 2  # KTO's smallest micro-batch: its KL term pairs each answer with another row's prompt (TRL refuses 1)
 
 
 @dataclass
@@ -214,6 +215,12 @@ def precisions(hardware: Hardware, backend: str) -> list[str]:
 def check_micro_batch(train: Train, hardware: Hardware) -> int:
     """Sequences per device per optimizer step; a fixed micro-batch must divide it."""
     per_device = train.global_batch_size // hardware.devices
+    if train.objective == "kto" and min(train.micro_batch_size or per_device, per_device) < MIN_MICRO:
+        raise XtrainError(
+            f"train.objective kto estimates its KL term from the other rows of a micro-batch, so it needs at least "
+            f"{MIN_MICRO} rows per device per forward pass: raise train.global_batch_size (now {train.global_batch_size}"
+            f" over {hardware.devices} devices){' or train.micro_batch_size' if train.micro_batch_size else ''}"
+        )
     if train.micro_batch_size and per_device % train.micro_batch_size:
         raise XtrainError(
             f"train.micro_batch_size {train.micro_batch_size} does not divide the per-device batch {per_device} "
@@ -240,8 +247,9 @@ def first_step(planner: Planner, precision: str, micro: int, seq_len: int, check
 def choose_layout(planner: Planner, precision: str, per_device: int, seq_len: int) -> dict[str, Any] | None:
     """Largest micro-batch that fits: without checkpointing if any does, replicas (DDP) before shards (FSDP)."""
     train = planner.train
+    smallest = MIN_MICRO if train.objective == "kto" else 1
     micros = [train.micro_batch_size] if train.micro_batch_size else [m for m in range(per_device, 0, -1)
-                                                                      if per_device % m == 0]
+                                                                      if per_device % m == 0 and m >= smallest]
     for checkpointing in (False, True):
         for strategy in strategies(planner):
             # Memory grows with the micro-batch: when the smallest does not fit, no other will (a trace saved).
