@@ -104,6 +104,18 @@ def test_unusable_pairs_are_dropped_with_their_reason(tiny_model, tmp_path):
     assert stats["kept"] == 30
 
 
+def test_unread_columns_are_listed_and_sft_column_maps_are_refused(tiny_model, tmp_path):
+    rows = [{"id": i, "prompt": f"Q{i}?", "chosen": f"A{i}.", "rejected": f"B{i}.", "source": "web"} for i in range(30)]
+    manifest, _ = run(tiny_model, rows, tmp_path / "listed")
+    assert next(iter(manifest["sources"].values()))["ignored_columns"] == ["id", "source"]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = Data(sources=[DataSource(path=str(source), format="alpaca", columns={"output": "chosen"})],
+                eval_fraction=0.2)
+    with pytest.raises(XtrainError, match="preference data is read by its own column names"):
+        prepare([source], tiny_model, data, tmp_path / "mapped", kind="pairs")
+
+
 def test_pairs_sharing_a_prompt_stay_in_one_split(tiny_model, tmp_path):
     rows = [{"prompt": f"Q{i % 10}?", "chosen": f"A{i}.", "rejected": f"B{i}."} for i in range(60)]
     _, prepared = run(tiny_model, rows, tmp_path, eval_fraction=0.3)

@@ -437,7 +437,7 @@ def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Da
     examples, origin, per_source = [], [], {}
     for index, (source, path) in enumerate(zip(data.sources, local_paths(data, sources))):
         found = read_source(source, path)
-        fmt, read, dropped = preference.read_examples(source, found, kind, seen)
+        fmt, read, dropped, ignored = preference.read_examples(source, found, kind, seen)
         unfilled = Counter()
         for example in read:
             chat = fill_placeholders({"messages": [*example["prompt"], *preference.answers(example)]}, source.replace,
@@ -446,6 +446,7 @@ def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Da
             for key, message in zip(preference.ANSWER_KEYS[kind], chat["messages"][len(example["prompt"]):]):
                 example[key] = message
         per_source[found.name] = {"format": fmt, "rows": len(found.rows), "weight": source.weight, "dropped": dropped,
+                                  **({"ignored_columns": ignored} if ignored else {}),
                                   **({"unfilled_placeholders": dict(sorted(unfilled.items()))} if unfilled else {})}
         examples += read
         origin += [index] * len(read)

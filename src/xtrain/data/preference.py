@@ -42,6 +42,14 @@ PAIR_FORMATS = (
     (("chosen", "rejected"), "message_pairs"),
 )
 LABEL_COLUMNS = ("label", "kto_tag")
+# The columns each format reads (the rest are listed in the manifest as ignored).
+READ_COLUMNS = {
+    "message_pairs": {"chosen_messages", "rejected_messages", "chosen", "rejected", "tools"},
+    "sharegpt_pairs": {"conversations", "chosen", "rejected", "system", "tools"},
+    "alpaca_pairs": {"instruction", "input", "chosen", "rejected", "system", "history"},
+    "prompt_pairs": {"prompt", "chosen", "rejected", "tools"},
+    "labelled": {"messages", "conversations", "prompt", "completion", "label", "kto_tag", "system", "tools"},
+}
 ANSWER_KEYS = {"pairs": ("chosen", "rejected"), "labelled": ("completion",)}
 SFT_HINT = "supervised chat data (no chosen/rejected answers, no label): set train.objective: sft"
 
@@ -166,7 +174,12 @@ def example_drop_reason(example: Example) -> str | None:
 
 
 def read_examples(source: DataSource, found: SourceRows, kind: str, seen: set[str]):
-    """A source's readable, trainable, not-yet-seen examples, its format and its drop counts."""
+    """A source's readable, trainable, not-yet-seen examples, its format, its drop counts and the columns of its
+    first row that no field reads."""
+    if source.format != "auto" or source.columns:
+        raise XtrainError(f"{source.name}: data.sources[].format and .columns name SFT formats and their columns; "
+                          f"preference data is read by its own column names (README, 'Preference training'): "
+                          "remove them and name the file's columns as the format does")
     try:
         fmt = detect(found.rows[0], kind)
     except XtrainError as exc:
@@ -183,7 +196,7 @@ def read_examples(source: DataSource, found: SourceRows, kind: str, seen: set[st
             continue
         seen.add(key)
         examples.append(example)
-    return fmt, examples, dropped
+    return fmt, examples, dropped, sorted(set(found.rows[0]) - READ_COLUMNS[fmt])
 
 
 def prompt_hash(example: Example) -> str:
