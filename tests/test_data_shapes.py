@@ -161,7 +161,7 @@ def test_heavy_drops_warn_with_the_reason_and_the_setting_that_keeps_them(models
 
 @pytest.mark.parametrize(("rows", "kind", "setting"), [
     ([json.loads(line) for line in (REPO / "data/real/v1_dpo_demo.jsonl").read_text().splitlines()],
-     "preference pairs (DPO: `chosen_messages`", "train.objective: dpo"),
+     "preference pairs (DPO/ORPO: `chosen_messages`", "train.objective: dpo or orpo"),
     ([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Go away"}], "label": False}],
      "unpaired preference rows (KTO", "train.objective: kto"),
     ([{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Go away"}], "label": "false"}],
