@@ -118,9 +118,12 @@ def evaluate(
     answers, answer_scores = {}, {}
     for name, load in candidates.items():
         model = load()
-        if pairs:
+        if pairs:  # every answer scored once; the loss is over the chosen (desirable) ones among them
             answer_scores[name] = row_nll(model, *pairs.sequences, settings.batch_size, tokenizer.pad_token_id)
-        total, count = supervised_nll(model, input_ids, masks, settings.batch_size, tokenizer.pad_token_id)
+            chosen = [answer_scores[name][i] for i in pairs.scored_sequences]
+            total, count = sum(nll for nll, _ in chosen), sum(n for _, n in chosen)
+        else:
+            total, count = supervised_nll(model, input_ids, masks, settings.batch_size, tokenizer.pad_token_id)
         loss = total / count
         metrics[f"{name}_loss"] = loss
         metrics[f"{name}_perplexity"] = math.exp(loss)

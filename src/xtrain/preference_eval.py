@@ -10,6 +10,7 @@ chosen answer gained more than the rejected one (for kto: whose reward has the s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from xtrain_backend_side.prepared import LABEL, PREFERENCE_COLUMNS, split_file
@@ -25,7 +26,7 @@ class PreferenceSplit:
     labels: list[bool] | None
     row_hashes: list[str]
 
-    @property
+    @cached_property
     def sequences(self) -> tuple[list[list[int]], list[list[int]]]:
         """Every answer after its prompt, as (input_ids, loss masks): row by row, answers in column order."""
         ids, masks = [], []
@@ -35,14 +36,23 @@ class PreferenceSplit:
                 masks.append([0] * len(prompt) + [1] * len(answer))
         return ids, masks
 
+    @cached_property
+    def scored_rows(self) -> list[int]:
+        """The rows the loss metrics and generations use: those with a chosen (pairs) or desirable (kto) answer."""
+        return [i for i in range(len(self.prompts)) if self.labels is None or self.labels[i]] or list(
+            range(len(self.prompts)))  # a kto split without a desirable answer: all of them
+
+    @property
+    def scored_sequences(self) -> list[int]:
+        """Where the scored rows' first answers are in `sequences`."""
+        return [i * len(self.answers[0]) for i in self.scored_rows]
+
     @property
     def scored(self) -> tuple[list[list[int]], list[list[int]], list[str]]:
-        """The rows the loss metrics and generations use: the chosen (dpo) or desirable (kto) answers."""
+        """The scored rows' first answers after their prompts (input_ids, masks) and their row hashes."""
         ids, masks = self.sequences
-        width = len(self.answers[0])
-        keep = [i for i in range(len(self.prompts)) if self.labels is None or self.labels[i]] or list(
-            range(len(self.prompts)))  # a kto split without a desirable answer: all of them
-        return ([ids[i * width] for i in keep], [masks[i * width] for i in keep], [self.row_hashes[i] for i in keep])
+        return ([ids[i] for i in self.scored_sequences], [masks[i] for i in self.scored_sequences],
+                [self.row_hashes[i] for i in self.scored_rows])
 
     def metrics(self, scores: dict[str, Scores]) -> dict[str, float | None]:
         width = len(self.answers[0])

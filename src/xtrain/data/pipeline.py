@@ -169,12 +169,31 @@ def drop_warnings(per_source: dict, data: Data, table: pa.Table, origin: list[in
             advice = f"; {keep}, or data.over_length: truncate keeps them cut"
         warnings.append(f"{name}: {dropped} of {stats['rows']} rows ({dropped / stats['rows']:.0%}) dropped "
                         f"({reasons}){advice} (this warning: data.drop_warning {data.drop_warning})")
+    return warnings + placeholder_warnings(per_source)
+
+
+def placeholder_warnings(per_source: dict) -> list[str]:
+    """A warning for each source with `{{name}}` placeholders left in its text."""
+    warnings = []
     for name, stats in per_source.items():
         if stats.get("unfilled_placeholders"):
             found = ", ".join(f"{{{{{k}}}}} x{v}" for k, v in stats["unfilled_placeholders"].items())
             warnings.append(f"{name}: placeholders left in the text ({found}) would be trained literally; fill them "
                             "with data.sources[].replace")
     return warnings
+
+
+def check_splits(splits: dict[str, list], per_source: dict, warnings: list[str]) -> None:
+    """An empty split is an error listing, per source, rows read, kept and dropped by reason."""
+    for name, rows in splits.items():
+        if not rows:
+            usable = sum(s["kept"] for s in per_source.values())
+            counts = "; ".join(f"{source}: read {stats['rows']}, kept {stats['kept']}, dropped "
+                               f"{', '.join(f'{n} {reason}' for reason, n in stats['dropped'].items()) or 'none'}"
+                               for source, stats in per_source.items())
+            drops = f", keep more rows ({'; '.join(warnings)})" if warnings else ""
+            raise XtrainError(f"the {name} split is empty ({usable} usable rows; {counts}); add data{drops} or change "
+                              "data.eval_fraction")
 
 
 def source_format(source: DataSource, found: SourceRows) -> str:
@@ -376,15 +395,7 @@ def prepare(
     warnings = drop_warnings(per_source, data, table, origin, names)
     for warning in warnings:
         log.warning("%s", warning)
-    for name, rows in splits.items():
-        if not rows:
-            usable = sum(s["kept"] for s in per_source.values())
-            counts = "; ".join(f"{source}: read {stats['rows']}, kept {stats['kept']}, dropped "
-                               f"{', '.join(f'{n} {reason}' for reason, n in stats['dropped'].items()) or 'none'}"
-                               for source, stats in per_source.items())
-            drops = f", keep more rows ({'; '.join(warnings)})" if warnings else ""
-            raise XtrainError(f"the {name} split is empty ({usable} usable rows; {counts}); add data{drops} or change "
-                              "data.eval_fraction")
+    check_splits(splits, per_source, warnings)
     tables = {
         name: table.take(pa.array(rows, pa.int64())).append_column(
             "row_hash", pa.array([row_hashes[r] for r in rows], pa.string())
@@ -476,12 +487,7 @@ def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Da
     warnings = preference_warnings(per_source, data)
     for warning in warnings:
         log.warning("%s", warning)
-    for name, rows in splits.items():
-        if not rows:
-            counts = "; ".join(f"{source}: read {stats['rows']}, kept {stats['kept']}, dropped "
-                               f"{', '.join(f'{n} {reason}' for reason, n in stats['dropped'].items()) or 'none'}"
-                               for source, stats in per_source.items())
-            raise XtrainError(f"the {name} split is empty ({counts}); add data or change data.eval_fraction")
+    check_splits(splits, per_source, warnings)
     manifest: dict[str, Any] = {
         "data_kind": kind,
         "sources": per_source,
@@ -519,8 +525,4 @@ def preference_warnings(per_source: dict, data: Data) -> list[str]:
             advice = "; a larger data.seq_len keeps the long ones" if stats["dropped"].get("over seq_len") else ""
             warnings.append(f"{name}: {dropped} of {stats['rows']} rows ({dropped / stats['rows']:.0%}) dropped "
                             f"({reasons}){advice} (this warning: data.drop_warning {data.drop_warning})")
-        if stats.get("unfilled_placeholders"):
-            found = ", ".join(f"{{{{{k}}}}} x{v}" for k, v in stats["unfilled_placeholders"].items())
-            warnings.append(f"{name}: placeholders left in the text ({found}) would be trained literally; fill them "
-                            "with data.sources[].replace")
-    return warnings
+    return warnings + placeholder_warnings(per_source)
