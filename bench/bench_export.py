@@ -34,7 +34,7 @@ from xtrain.export import export
 from xtrain.recipe import Export, Hardware, Train
 model, work, settings = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
 summary = export(model_dir=model, checkpoint_dir=work / "checkpoint", prepared_dir=work / "prepared",
-                 settings=Export(**settings), train=Train(), hardware=Hardware(), out=Path(sys.argv[4]))
+                 evaluation={}, settings=Export(**settings), train=Train(), hardware=Hardware(), out=Path(sys.argv[4]))
 # VmHWM is this process's own peak (ru_maxrss would carry the parent's peak across fork and exec).
 peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text())[1]) * 1024
 print(json.dumps({"summary": summary, "peak_rss": peak}))

@@ -1,9 +1,11 @@
 # Only recipes with an `export:` section have this target; rule all asks for it (exported_recipes in common.smk).
+# After evaluation: the export's model card carries the eval.json figures.
 rule export:
     input:
         model=model_dir,
         prepared="prepared/{recipe}",
         checkpoint="checkpoints/{recipe}",
+        metrics="reports/{recipe}/eval.json",
     output:
         directory("exports/{recipe}"),
     log:

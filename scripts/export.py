@@ -1,8 +1,10 @@
-"""Rule export: a checkpoint -> exports/<recipe>/ (merged model, GGUF files, Ollama Modelfile)."""
+"""Rule export: a checkpoint -> exports/<recipe>/ (merged model, GGUF files, Ollama Modelfile, model card with
+the evaluation results)."""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain.artifacts import read_json
 from xtrain.export import export
 from xtrain.recipe import Export, Hardware, Train, trusts_remote_code
 from xtrain.stage import recipe_file, run_stage
@@ -14,6 +16,7 @@ run_stage(
         model_dir=Path(snakemake.input.model),
         checkpoint_dir=Path(snakemake.input.checkpoint),
         prepared_dir=Path(snakemake.input.prepared),
+        evaluation=read_json(Path(snakemake.input.metrics)),
         settings=Export.model_validate(params["export"]),
         train=Train.model_validate(params["train"]),
         hardware=Hardware.model_validate(params["hardware"]),

@@ -15,11 +15,12 @@ from conftest import HANG_SECONDS, REPO, copy_workflow, scheduled_jobs, snakemak
 
 from xtrain.data import prepare
 from xtrain.errors import RecipeError, XtrainError
+from xtrain.evaluate import evaluate
 from xtrain.export import export
 from xtrain.export.gguf_file import gguf_architecture
 from xtrain.export.ollama import modelfile
 from xtrain.plan import make_plan, write_plan
-from xtrain.recipe import Data, DataSource, Export, Hardware, Lora, Train, parse_recipe
+from xtrain.recipe import Data, DataSource, Eval, Export, Hardware, Lora, Train, parse_recipe
 from xtrain.train import run_training
 
 pytestmark = pytest.mark.slow
@@ -41,10 +42,13 @@ def trained(tiny_model, tmp_path_factory) -> dict[str, Path]:
     write_plan(root / "plan.json", make_plan(tiny_model, manifest, train, Hardware()))
     run_training(model_dir=tiny_model, prepared_dir=root / "prepared", plan_path=root / "plan.json", train=train,
                  hardware=Hardware(), out=root / "checkpoint", work_dir=root / "runs")
+    evaluation = evaluate(tiny_model, root / "checkpoint", root / "prepared", Eval(generations=0), root / "eval.json")
     out = root / "exports" / "demo"
     export(model_dir=tiny_model, checkpoint_dir=root / "checkpoint", prepared_dir=root / "prepared",
-           settings=Export(gguf=["f16", "bf16", "q8_0"], ollama=True), train=train, hardware=Hardware(), out=out)
-    return {"model": tiny_model, "checkpoint": root / "checkpoint", "prepared": root / "prepared", "export": out}
+           evaluation=evaluation, settings=Export(gguf=["f16", "bf16", "q8_0"], ollama=True), train=train,
+           hardware=Hardware(), out=out)
+    return {"model": tiny_model, "checkpoint": root / "checkpoint", "prepared": root / "prepared", "export": out,
+            "evaluation": evaluation}
 
 
 def test_export_folder_holds_every_file(trained):
@@ -57,10 +61,26 @@ def test_export_folder_holds_every_file(trained):
     assert not (out / "merged/adapter_config.json").exists()
     card = (out / "merged/README.md").read_text()
     assert "library_name: transformers" in card and "LoRA adapter merged into the base weights" in card
-    assert "AutoModelForCausalLM.from_pretrained" in card
+    assert 'AutoModelForCausalLM.from_pretrained("<this folder>")' in card and "llama-cli" not in card
     eos = json.loads((out / "merged/generation_config.json").read_text())["eos_token_id"]
     assert eos == json.loads((trained["checkpoint"] / "generation_config.json").read_text())["eos_token_id"]
     assert (out / "merged/chat_template.jinja").read_text() == (trained["checkpoint"] / "chat_template.jinja").read_text()
+
+
+def test_the_export_card_carries_the_evaluation(trained):
+    """exports/<recipe>/README.md: the model card of what was exported, with eval.json's figures in its text and
+    in Hugging Face's `model-index` header."""
+    import yaml
+
+    card = (trained["export"] / "README.md").read_text()
+    header = yaml.safe_load(card.split("---")[1])
+    assert header["tags"] == ["xtrain", "trl_cpu", "lora", "sft", "merged", "gguf"]
+    results = header["model-index"][0]["results"][0]["metrics"]
+    tuned_loss = trained["evaluation"]["tuned_loss"]
+    assert {"type": "loss", "value": round(tuned_loss, 6), "name": "tuned loss"} in results
+    assert f"| loss | {trained['evaluation']['base_loss']:.4g} | {tuned_loss:.4g} |" in card
+    assert 'from_pretrained("merged")' in card and "llama-cli -m demo-q8_0.gguf -cnv" in card
+    assert "ollama create <name> -f Modelfile" in card
 
 
 MERGED_VS_ADAPTER = """
@@ -297,22 +317,26 @@ EXPORTED = (REPO / "recipes/demo.yaml").read_text().replace("epochs: 3", "max_st
 PLAIN = EXPORTED.split("export:")[0]
 
 
-def test_export_rule_in_snakemake_is_stale_only_when_checkpoint_or_export_changes(tmp_path):
+def test_export_rule_in_snakemake_is_stale_only_when_checkpoint_evaluation_or_export_changes(tmp_path):
     project = copy_workflow(tmp_path, {"demo": EXPORTED, "plain": PLAIN})
     result = snakemake(project, "-n")
     jobs = scheduled_jobs(result.stdout + result.stderr)
     assert ("export", "demo") in jobs and ("export", "plain") not in jobs
     snakemake(project, "--cores", "2", "exports/demo")
-    assert {"demo-q8_0.gguf", "Modelfile", "merged", "export.json"} <= {p.name for p in (project / "exports/demo").iterdir()}
+    assert {"demo-q8_0.gguf", "Modelfile", "merged", "export.json", "README.md"} <= {
+        p.name for p in (project / "exports/demo").iterdir()}
     assert (project / "logs/demo/export.log").is_file() and (project / "benchmarks/demo/export.tsv").is_file()
     assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == set()
     recipe = project / "recipes/demo.yaml"
     recipe.write_text(EXPORTED.replace("gguf: [q8_0]", "gguf: [q8_0, f16]"))
     assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == {("export", "demo")}
-    recipe.write_text(EXPORTED.replace("max_new_tokens: 48", "max_new_tokens: 40"))
+    recipe.write_text(EXPORTED.replace("max_new_tokens: 48", "max_new_tokens: 40"))  # the card's figures change
+    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == {("evaluate", "demo"), ("export", "demo")}
+    recipe.write_text(EXPORTED.replace("loss_improvement: {min: 0}", "loss_improvement: {min: -1}"))  # gate only
     assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == set()
     recipe.write_text(EXPORTED.replace("learning_rate: 5.0e-3", "learning_rate: 2.0e-3"))
-    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == {("train", "demo"), ("export", "demo")}
+    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == {
+        ("train", "demo"), ("evaluate", "demo"), ("export", "demo")}
     recipe.write_text(EXPORTED)
     missing = snakemake(project, "-n", "exports/plain", check=False)
     assert missing.returncode != 0

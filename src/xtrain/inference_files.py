@@ -45,48 +45,92 @@ def base_license(model_dir: Path) -> str | None:
     return header.get("license") if isinstance(header, dict) else None
 
 
-def model_card(*, recipe: str, base_model: str, method: str, backend: str, train: dict[str, Any],
-               hardware: dict[str, Any], data: dict[str, Any], metrics: dict[str, Any], license_: str | None,
-               merged_dtype: str | None = None) -> str:
-    """README.md of a checkpoint, in the Hugging Face model-card format; of its merged export (one plain
-    transformers model, weights in `merged_dtype`) when that is given."""
+def figure(value: Any) -> str:
+    """A number as a card shows it: four significant digits; anything else (a missing base figure) blank."""
+    return f"{value:.4g}" if isinstance(value, (int, float)) else ""
+
+
+def evaluation_section(recipe: str, evaluation: dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """The card's `model-index` header entry (the tuned model's held-out figures, Hugging Face's format) and its
+    Evaluation section: each eval.json metric for base and tuned side by side. Without an evaluation (a
+    checkpoint's card is written before the evaluate stage runs), a pointer to where it will be."""
+    if evaluation is None:
+        return {}, [f"Base vs tuned on the held-out split: `reports/{recipe}/eval.json` and `reports/{recipe}/report.html` "
+                    "(written after this checkpoint, by the evaluate stage; `exports/{recipe}/README.md` carries them)."]
+    names = sorted({key.removeprefix("tuned_") for key in evaluation if key.startswith("tuned_")})
+    rows = [f"| {name} | {figure(evaluation.get(f'base_{name}'))} | {figure(evaluation[f'tuned_{name}'])} |"
+            for name in names]
+    others = [f"{key} {figure(value)}" for key, value in sorted(evaluation.items())
+              if not key.startswith(("base_", "tuned_"))]
+    index = {"model-index": [{"name": recipe, "results": [{
+        "task": {"type": "text-generation", "name": "held-out split"},
+        "dataset": {"type": "xtrain-prepared", "name": f"prepared/{recipe} eval split"},
+        "metrics": [{"type": name, "value": round(float(evaluation[f"tuned_{name}"]), 6), "name": f"tuned {name}"}
+                    for name in names],
+    }]}]}
+    return index, ["Base model vs this one on the held-out split (`reports/" + recipe + "/eval.json`):", "",
+                   "| metric | base | tuned |", "| --- | --- | --- |", *rows, "", "; ".join(others) + "."]
+
+
+def usage_lines(plain: bool, folder: str | None, gguf_files: list[str], ollama: bool) -> list[str]:
+    """How to run what the card's folder holds: the transformers model in `folder` (PEFT's class for an adapter),
+    the GGUF files with llama.cpp, the Modelfile with Ollama."""
+    model_class = "AutoModelForCausalLM" if plain else "AutoPeftModelForCausalLM"
+    lines = ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer" if plain else
+             "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer",
+             f"model = {model_class}.from_pretrained(\"{folder}\")",
+             f"tokenizer = AutoTokenizer.from_pretrained(\"{folder}\")  # its chat template is the base model's",
+             "```"] if folder else []
+    if gguf_files:
+        lines += ["```sh", *(f"llama-cli -m {name} -cnv" for name in gguf_files),
+                  *(["ollama create <name> -f Modelfile && ollama run <name>"] if ollama else []), "```"]
+    return lines
+
+
+def model_card(*, recipe: str, base_model: str, backend: str, train: dict[str, Any], hardware: dict[str, Any],
+               data: dict[str, Any], metrics: dict[str, Any], license_: str | None,
+               evaluation: dict[str, Any] | None = None, merged_dtype: str | None = None,
+               model_folder: str | None = "<this folder>", gguf_files: list[str] = (), ollama: bool = False) -> str:
+    """README.md in the Hugging Face model-card format: of a checkpoint; or of an export (`exports/<recipe>/`:
+    a merged model in `merged_dtype` in `model_folder` (None: none), GGUF files, a Modelfile) with the
+    evaluation results."""
+    method, objective = train["method"], train.get("objective", "sft")
     plain = method == "full" or merged_dtype is not None
-    header = {"base_model": base_model, "library_name": "transformers" if plain else "peft",
-              "tags": ["xtrain", backend, method, "sft", *(["merged"] if merged_dtype else [])],
-              **({"license": license_} if license_ else {})}
-    form = "full fine-tune" if method == "full" else "LoRA adapter merged into the base weights" if merged_dtype \
-        else "LoRA adapter"
+    index, evaluation_lines = evaluation_section(recipe, evaluation)
+    header = {"base_model": base_model,
+              "library_name": "transformers" if plain else "gguf" if gguf_files else "peft",
+              "tags": ["xtrain", backend, method, objective, *(["merged"] if merged_dtype else []),
+                       *(["gguf"] if gguf_files else [])],
+              **({"license": license_} if license_ else {}), **index}
+    form = "full fine-tune" if method == "full" else "LoRA adapter merged into the base weights" \
+        if merged_dtype or gguf_files else "LoRA adapter"
     form += f", {merged_dtype} weights" if merged_dtype else ""
+    form += f"; GGUF {', '.join(gguf_files)}" if gguf_files else ""
     sources = "\n".join(f"| `{name}` | {stats.get('format', '')} | {stats['rows']} | {stats['kept']} | "
                         f"{', '.join(f'{reason} {count}' for reason, count in stats['dropped'].items()) or 'none'} |"
                         for name, stats in data["sources"].items())
-    splits = data["splits"]
+    train_split, eval_split = data["splits"]["train"], data["splits"]["eval"]
+    per_row = train_split.get("sequences_per_row", 1)
+    examples = f"{train_split['rows']} pairs ({train_split['rows'] * per_row} sequences)" if per_row == 2 else \
+        f"{train_split['rows']} sequences"
     lines = [
         "---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
         f"# {recipe}", "",
-        f"`{base_model}` fine-tuned with xtrain ({form}, backend `{backend}`), recipe `recipes/{recipe}.yaml`.", "",
-        "## Use", "",
-        "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer" if plain else
-        "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer",
-        f"model = {'AutoModelForCausalLM' if plain else 'AutoPeftModelForCausalLM'}.from_pretrained(\"<this folder>\")",
-        "tokenizer = AutoTokenizer.from_pretrained(\"<this folder>\")  # its chat template is the base model's",
-        "```", "",
+        f"`{base_model}` fine-tuned with xtrain ({objective}, {form}, backend `{backend}`), recipe "
+        f"`recipes/{recipe}.yaml`.", "",
+        "## Use", "", *usage_lines(plain, model_folder, list(gguf_files), ollama), "",
         "`generation_config.json` stops at the chat template's end-of-turn token"
         + (f" `{data['end_of_turn']['token']}`" if data.get("end_of_turn") else "") + ".", "",
         "## Data", "",
         f"Chat template: `{data['chat_template']}`; assistant tokens found by {data.get('masking', 'n/a')}"
         + ("; every token trained (data.train_on_inputs)" if data.get("train_on_inputs") else "") + ".",
-        f"Train split: {splits['train']['rows']} sequences, {splits['train']['tokens']} tokens "
-        f"({splits['train']['supervised_tokens']} supervised); eval split: {splits['eval']['rows']} rows. "
-        f"Fingerprint `{data['fingerprint']}`.", "",
+        f"Train split: {examples}, {train_split['tokens']} tokens ({train_split['supervised_tokens']} supervised); "
+        f"eval split: {eval_split['rows']} rows. Fingerprint `{data['fingerprint']}`.", "",
         "| source | format | rows | kept | dropped |", "| --- | --- | --- | --- | --- |", sources, "",
         "## Training", "",
-        f"{metrics['steps']} optimizer steps, {metrics['tokens_seen']} tokens, final loss {metrics['final_loss']}, "
+        f"{metrics['steps']} optimizer steps, {metrics['tokens_seen']} tokens, final loss {figure(metrics['final_loss']) or 'n/a'}, "
         f"{metrics['tokens_per_second']} tokens/s, {metrics['wall_seconds']} s.", "",
         "```yaml", yaml.safe_dump({"train": train, "hardware": hardware}, sort_keys=False).strip(), "```", "",
-        "## Evaluation", "",
-        f"Base vs tuned on the held-out split: `reports/{recipe}/eval.json` and `reports/{recipe}/report.html` "
-        "(written after this checkpoint, by the evaluate stage).", "",
+        "## Evaluation", "", *evaluation_lines, "",
     ]
     return "\n".join(lines)

@@ -588,7 +588,7 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
         # The gate step reads the gates; evaluate does not, so a gate edit does not rerun evaluation.
         "evaluate": {"eval": {k: v for k, v in dump["eval"].items() if k != "gate"}, **trust},
         "gate": {"gate": dump["eval"]["gate"]},
-        # train and hardware go into the merged model's card; editing them retrains, so they add no rerun.
+        # train and hardware go into the export's model card; editing them retrains, so they add no rerun.
         "export": {"export": dump["export"], "train": dump["train"], "hardware": dump["hardware"], **trust},
         # The report shows the recipe up to evaluation; the export section is the export stage's alone.
         "report": {k: v for k, v in dump.items() if k != "export"},

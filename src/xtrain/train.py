@@ -123,7 +123,7 @@ def run_training(
         write_json(staging / "train_metrics.json", metrics)
         write_generation_config(model_dir, staging, prepared.get("end_of_turn"), trust_remote_code)
         (staging / "README.md").write_text(model_card(
-            recipe=out.name, base_model=str(model_dir), method=train.method, backend=train.backend,
+            recipe=out.name, base_model=str(model_dir), backend=train.backend,
             train=train.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"), data=prepared,
             metrics=metrics, license_=base_license(model_dir),
         ), encoding="utf-8")

@@ -3,6 +3,7 @@
 - `merged/`: one plain transformers model (`merge`), for transformers, vLLM, or `python -m xtrain.chat`;
 - `<recipe>-<type>.gguf` for each `export.gguf` type (`gguf_file`), for llama.cpp, LM Studio, Ollama;
 - `Modelfile` (`ollama`) beside the first GGUF file;
+- `README.md`: the model card (Hugging Face's format) with the evaluation results, also in merged/;
 - `export.json`: every file with its size, and the seconds each part took.
 The GGUF files are written from the merged fp32 weights, before merged/ is cast to its dtype. The folder
 appears only when complete.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 
 from ..artifacts import atomic_dir, read_json, write_json
@@ -31,8 +33,9 @@ def end_of_turn_tokens(tokenizer, checkpoint_dir: Path) -> list[str]:
     return tokenizer.convert_ids_to_tokens(ids)
 
 
-def export(*, model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, settings: Export, train: Train,
-           hardware: Hardware, out: Path, trust_remote_code: bool = False) -> dict:
+def export(*, model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, evaluation: dict, settings: Export,
+           train: Train, hardware: Hardware, out: Path, trust_remote_code: bool = False) -> dict:
+    """Write `out`; `evaluation` (the recipe's eval.json) goes into the export's model card."""
     from transformers import AutoConfig, AutoTokenizer
 
     if settings.gguf:  # refuse an architecture before the minutes of merging
@@ -52,19 +55,21 @@ def export(*, model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, setting
         if settings.ollama:
             text = modelfile(tokenizer, f"{out.name}-{settings.gguf[0]}.gguf", end_of_turn_tokens(tokenizer, checkpoint_dir))
             (staging / "Modelfile").write_text(text, encoding="utf-8")
+        manifest = read_json(checkpoint_dir / "manifest.json")
+        dtype = (settings.dtype or base_dtype(model_dir, trust_remote_code)) if settings.merged else None
+        card = partial(
+            model_card, recipe=out.name, base_model=manifest["base_model"], backend=manifest["backend"],
+            train=train.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"), data=prepared,
+            metrics=read_json(checkpoint_dir / "train_metrics.json"), license_=base_license(model_dir),
+            evaluation=evaluation, merged_dtype=dtype,
+        )
+        (staging / "README.md").write_text(card(
+            model_folder="merged" if settings.merged else None, ollama=settings.ollama,
+            gguf_files=[f"{out.name}-{kind}.gguf" for kind in settings.gguf]), encoding="utf-8")
         if settings.merged:
             started = time.perf_counter()
-            dtype = settings.dtype or base_dtype(model_dir, trust_remote_code)
-            manifest = read_json(checkpoint_dir / "manifest.json")
-            card = model_card(
-                recipe=out.name, base_model=manifest["base_model"], method=manifest["method"],
-                backend=manifest["backend"], train=train.model_dump(mode="json"),
-                hardware=hardware.model_dump(mode="json"), data=prepared,
-                metrics=read_json(checkpoint_dir / "train_metrics.json"), license_=base_license(model_dir),
-                merged_dtype=dtype,
-            )
             (staging / "merged").mkdir()
-            save_merged(model, checkpoint_dir, staging / "merged", dtype, settings.shard_gb, card)
+            save_merged(model, checkpoint_dir, staging / "merged", dtype, settings.shard_gb, card())
             seconds["save_merged"] = time.perf_counter() - started
         files = {str(path.relative_to(staging)): path.stat().st_size
                  for path in sorted(staging.rglob("*")) if path.is_file()}
