@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -200,6 +201,9 @@ def test_the_dpo_demo_runs_through_snakemake_and_reruns_only_what_an_edit_change
     assert metrics["reward_accuracy"] >= 0.6 and metrics["eval_pairs"] > 0
     progress = [line for line in (project / "logs/demo_dpo/train.log").read_text().splitlines() if " ETA " in line]
     assert progress and "step 1/14 (7%) loss 0.6931" in progress[0], "each logged step is one line in the log"
+    for stage, what in (("prepare", "tokenize: chats"), ("evaluate", "evaluate: rows scored and answers generated")):
+        lines = (project / f"logs/demo_dpo/{stage}.log").read_text()
+        assert re.search(rf"{what} (\d+)/\1 \(100%\); \d+ s so far, ETA 00:00:00", lines), lines
     page = (project / "reports/demo_dpo/report.html").read_text()
     assert "<h2>Preference</h2>" in page and "reward margins" in page
     pairs = read_json(project / "reports/demo_dpo/pairs.json")

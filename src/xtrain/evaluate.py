@@ -11,16 +11,21 @@ the recipe add their results (`harness`).
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from xtrain_backend_side.prepared import IGNORE_INDEX, INPUT_IDS, LOSS_MASK, labels, split_file
+from xtrain_backend_side.progress import Progress
 
 from . import generations
 from .artifacts import read_json, write_json
 from .preference_eval import load_preference_split
 from .recipe import Eval
+
+log = logging.getLogger(__name__)
 
 
 def load_eval_split(prepared_dir: Path) -> tuple[list[list[int]], list[list[int]], list[str]]:
@@ -30,14 +35,17 @@ def load_eval_split(prepared_dir: Path) -> tuple[list[list[int]], list[list[int]
     return split[INPUT_IDS], split[LOSS_MASK], split["row_hash"]
 
 
-def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> tuple[float, int]:
+def supervised_nll(model, input_ids, masks, batch_size: int, pad_id: int,
+                   advance: Callable[[int], None] = lambda rows: None) -> tuple[float, int]:
     """Summed next-token NLL over supervised positions, and how many positions that was."""
-    rows = row_nll(model, input_ids, masks, batch_size, pad_id)
+    rows = row_nll(model, input_ids, masks, batch_size, pad_id, advance)
     return sum(nll for nll, _ in rows), sum(count for _, count in rows)
 
 
-def row_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> list[tuple[float, int]]:
-    """Each row's summed next-token NLL over its supervised positions, and how many positions that was."""
+def row_nll(model, input_ids, masks, batch_size: int, pad_id: int, advance: Callable[[int], None] = lambda rows: None
+            ) -> list[tuple[float, int]]:
+    """Each row's summed next-token NLL over its supervised positions, and how many positions that was;
+    `advance` is told each batch's row count."""
     import torch
     import torch.nn.functional as F
 
@@ -66,6 +74,7 @@ def row_nll(model, input_ids, masks, batch_size: int, pad_id: int) -> list[tuple
             counts = (targets != IGNORE_INDEX).sum(dim=1)
             for i, row in enumerate(order[start : start + batch_size]):
                 out[row] = (nll[i].item(), int(counts[i]))
+            advance(len(rows))
     return out
 
 
@@ -116,20 +125,24 @@ def evaluate(
         "tuned": lambda: load_tuned(model_dir, checkpoint_dir, trust_remote_code),
     }
     answers, answer_scores = {}, {}
+    scored = len(pairs.sequences[0]) if pairs else len(input_ids)
+    progress = Progress(log.info, "evaluate: rows scored and answers generated", len(candidates) * (scored + len(prompts)))
     for name, load in candidates.items():
         model = load()
         if pairs:  # every answer scored once; the loss is over the chosen (desirable) ones among them
-            answer_scores[name] = row_nll(model, *pairs.sequences, settings.batch_size, tokenizer.pad_token_id)
+            answer_scores[name] = row_nll(model, *pairs.sequences, settings.batch_size, tokenizer.pad_token_id,
+                                          progress.advance)
             chosen = [answer_scores[name][i] for i in pairs.scored_sequences]
             total, count = sum(nll for nll, _ in chosen), sum(n for _, n in chosen)
         else:
-            total, count = supervised_nll(model, input_ids, masks, settings.batch_size, tokenizer.pad_token_id)
+            total, count = supervised_nll(model, input_ids, masks, settings.batch_size, tokenizer.pad_token_id,
+                                          progress.advance)
         loss = total / count
         metrics[f"{name}_loss"] = loss
         metrics[f"{name}_perplexity"] = math.exp(loss)
         if prompts:
             answers[name] = generations.generate(model, prompts, stop, tokenizer.pad_token_id, settings.batch_size,
-                                                 settings.max_new_tokens)
+                                                 settings.max_new_tokens, progress.advance)
     metrics["eval_supervised_tokens"] = count  # the same split and masks for both models
     metrics["loss_improvement"] = metrics["base_loss"] - metrics["tuned_loss"]
     if pairs:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +68,9 @@ def stop_ids(tokenizer, prompts: list[Prompt]) -> set[int]:
 
 
 def generate(model, prompts: list[Prompt], stop_ids: set[int], pad_id: int, batch_size: int,
-             max_new_tokens: int) -> list[dict[str, Any]]:
-    """Greedy continuation of each prompt, batched with left padding: new token ids and whether it stopped."""
+             max_new_tokens: int, advance: Callable[[int], None] = lambda prompts: None) -> list[dict[str, Any]]:
+    """Greedy continuation of each prompt, batched with left padding: new token ids and whether it stopped;
+    `advance` is told each batch's prompt count."""
     import torch
 
     model.eval()
@@ -89,6 +91,7 @@ def generate(model, prompts: list[Prompt], stop_ids: set[int], pad_id: int, batc
             for row in out[:, width:].tolist():
                 end = next((i for i, token in enumerate(row) if token in stop_ids), None)
                 results.append({"ids": row if end is None else row[: end + 1], "stopped": end is not None})
+            advance(len(batch))
     return results
 
 

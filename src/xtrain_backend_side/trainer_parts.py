@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from .progress import progress_line
+
 # Written into checkpoint-<step>/ after the trainer has saved everything in it (weights, optimizer,
 # scheduler, RNG states, trainer state): a folder without it was cut short by a kill or a full disk.
 COMPLETE_MARKER = "xtrain-complete"
@@ -51,12 +53,9 @@ def progress(write):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs or not state.max_steps:
                 return
-            done, elapsed = state.global_step - self.first, time.monotonic() - self.started
-            left = (state.max_steps - state.global_step) * elapsed / done if done else None
             values = ", ".join(f"{key} {logs[key]:.4g}" for key in PROGRESS_KEYS if isinstance(logs.get(key), float | int))
-            eta = "?" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
-            write(f"step {state.global_step}/{state.max_steps} ({state.global_step / state.max_steps:.0%}) "
-                  f"{values}; {elapsed:.0f} s so far, ETA {eta}")
+            write(progress_line("step", state.global_step, state.max_steps, time.monotonic() - self.started,
+                                self.first, values))
 
     return Progress()
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK
+from xtrain_backend_side.progress import Progress
 
 from ..artifacts import atomic_dir, write_json
 from ..errors import XtrainError
@@ -262,21 +263,38 @@ def tokenize(chats: list[Chat], tokenizer, template: ChatTemplate | None, data: 
     One process: each batch is tokenized by the Rust tokenizer on every core already, and measured on
     2 cores, `datasets` workers (num_proc=2) made this stage slower (bench/bench_prepare.py).
     """
-    from datasets import Dataset
+    from datasets import Dataset, disable_progress_bars
+
+    disable_progress_bars()  # its bar redraws with carriage returns; Progress writes log lines instead
+    progress = Progress(log.info, "tokenize: chats", len(chats))
+
+    def encode_counted(batch, **settings):
+        encoded = encode_batch(batch, **settings)
+        progress.advance(len(batch["messages"]))
+        return encoded
 
     # As JSON text: messages differ in their keys (tool calls, reasoning), which one Arrow schema would merge.
     dataset = Dataset.from_dict({"messages": [json.dumps(c["messages"], ensure_ascii=False) for c in chats],
                                  "tools": [c["tools"] for c in chats]})
     encoded = dataset.map(
-        encode_batch,
+        encode_counted,
         batched=True,
         batch_size=BATCH_ROWS,
         remove_columns=["messages", "tools"],
         fn_kwargs={"tokenizer": tokenizer, "template": template, "train_on_inputs": data.train_on_inputs},
         new_fingerprint=content_hash([len(chats), data.model_dump(mode="json")])[:32],  # skip hashing the tokenizer
-        desc="tokenize",
     )
     return encoded.with_format("arrow")[:]
+
+
+def encode_in_batches(tokenizer, template: ChatTemplate, chats: list[Chat]):
+    """Each chat's (input_ids, mask), in order, encoded BATCH_ROWS at a time with a progress line."""
+    progress = Progress(log.info, "tokenize: chats", len(chats))
+    for start in range(0, len(chats), BATCH_ROWS):
+        batch = chats[start : start + BATCH_ROWS]
+        encoded = list(encode_chats(tokenizer, template, [c["messages"] for c in batch], [c["tools"] for c in batch]))
+        progress.advance(len(batch))
+        yield from encoded
 
 
 def split_documents(table: pa.Table, chats: list[Chat], origin: list[int], data: Data):
@@ -466,7 +484,7 @@ def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Da
     rendered = [[apply_tool_calls(apply_reasoning(chat, data.reasoning, template), data.tool_calls, template)
                  for chat in preference.chats(example)] for example in examples]
     flat = [chat for chats in rendered for chat in chats]
-    encoded = iter(encode_chats(tokenizer, template, [c["messages"] for c in flat], [c["tools"] for c in flat]))
+    encoded = encode_in_batches(tokenizer, template, flat)
     columns = preference.COLUMNS[kind]
     splits: dict[str, list[dict]] = {name: [] for name in SPLITS}
     for example, chats, source_index in zip(examples, rendered, origin):

@@ -16,6 +16,8 @@ import time
 from functools import partial
 from pathlib import Path
 
+from xtrain_backend_side.progress import Progress
+
 from ..artifacts import atomic_dir, read_json, write_json
 from ..inference_files import base_license, model_card
 from ..recipe import Export, Hardware, Train
@@ -40,9 +42,12 @@ def export(*, model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, evaluat
 
     if settings.gguf:  # refuse an architecture before the minutes of merging
         gguf_architecture(AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code))
+    # A line after each part (merge, each GGUF file, the merged folder), with the time left at the mean so far.
+    progress = Progress(log.info, "export: parts", 1 + len(settings.gguf) + settings.merged, every=0)
     seconds, started = {}, time.perf_counter()
     model = merged_model(model_dir, checkpoint_dir, trust_remote_code)
     seconds["merge"] = time.perf_counter() - started
+    progress.advance()
     prepared = read_json(prepared_dir / "manifest.json")
     end_of_turn = prepared.get("end_of_turn")
     tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
@@ -52,6 +57,7 @@ def export(*, model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, evaluat
             write_gguf(model, checkpoint_dir, staging / f"{out.name}-{kind}.gguf", kind, out.name,
                        end_of_turn["id"] if end_of_turn else None)
             seconds[f"gguf_{kind}"] = time.perf_counter() - started
+            progress.advance()
         if settings.ollama:
             text = modelfile(tokenizer, f"{out.name}-{settings.gguf[0]}.gguf", end_of_turn_tokens(tokenizer, checkpoint_dir))
             (staging / "Modelfile").write_text(text, encoding="utf-8")
@@ -71,6 +77,7 @@ def export(*, model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, evaluat
             (staging / "merged").mkdir()
             save_merged(model, checkpoint_dir, staging / "merged", dtype, settings.shard_gb, card())
             seconds["save_merged"] = time.perf_counter() - started
+            progress.advance()
         files = {str(path.relative_to(staging)): path.stat().st_size
                  for path in sorted(staging.rglob("*")) if path.is_file()}
         summary = {"checkpoint": str(checkpoint_dir), "files": files,
