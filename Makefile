@@ -47,4 +47,4 @@ dvc.yaml: venv
 	$(BIN)/python -m xtrain.dvc_stages
 
 clean:
-	rm -rf models prepared plans checkpoints reports runs logs benchmarks .snakemake
+	rm -rf models prepared plans checkpoints reports runs logs benchmarks smoke exports .snakemake

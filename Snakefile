@@ -16,6 +16,7 @@ include: "rules/plan.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
 include: "rules/export.smk"
+include: "rules/smoke.smk"
 
 
 # The gate of each recipe comes after its eval.json and report.html; `snakemake compare` ranks the recipes.

@@ -4,12 +4,13 @@ interpreter that loads the checkpoint with plain transformers + peft (no xtrain 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import HANG_SECONDS
+
+from xtrain.contract import check_checkpoint
 
 LOAD_AND_GENERATE = """
 import json, sys
@@ -31,24 +32,9 @@ print(json.dumps({"new_tokens": int(out.shape[1] - prompt["input_ids"].shape[1])
 
 
 def assert_checkpoint_contract(checkpoint: Path, base_model: Path, backend: str) -> dict:
-    """Check `checkpoint` against the contract; returns its train_metrics.json."""
-    weights = ("adapter_config.json", "adapter_model.safetensors")
-    if not (checkpoint / "adapter_config.json").is_file():
-        weights = ("config.json", "model.safetensors")
-    for name in (*weights, "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "train_metrics.json",
-                 "manifest.json", "generation_config.json", "README.md"):
-        assert (checkpoint / name).is_file(), f"{checkpoint} lacks {name}"
-    if weights[0] == "adapter_config.json":  # in one order, so two identical runs write identical files
-        targets = json.loads((checkpoint / "adapter_config.json").read_text())["target_modules"]
-        assert targets == sorted(targets)
-    assert (checkpoint / "README.md").read_text().startswith("---\nbase_model: "), "a Hugging Face model card"
-    metrics = json.loads((checkpoint / "train_metrics.json").read_text())
-    assert metrics["loss"] and all(math.isfinite(entry["loss"]) for entry in metrics["loss"])
-    assert metrics["steps"] > 0 and metrics["tokens_seen"] > 0
-    manifest = json.loads((checkpoint / "manifest.json").read_text())
-    assert manifest["backend"] == backend
-    for key in ("recipe_hash", "data_fingerprint", "plan_hash", "packages", "seed"):
-        assert manifest.get(key) is not None, f"manifest.json lacks {key}"
+    """Check `checkpoint` against the contract (xtrain.contract), then load it as a user would; returns its
+    train_metrics.json."""
+    metrics = check_checkpoint(checkpoint, backend)
     loaded = subprocess.run(
         [sys.executable, "-c", LOAD_AND_GENERATE, str(checkpoint), str(base_model)],
         capture_output=True, text=True, timeout=HANG_SECONDS,

@@ -59,3 +59,9 @@ def test_run_dry_run_lists_the_jobs_and_an_unknown_recipe_is_named(project):
     assert "rule train:" in dry.stdout and "rule gate:" in dry.stdout
     unknown = xtrain(project, "run", "nope", check=False)
     assert unknown.returncode == 1 and "no recipe nope in recipes/; known recipes: demo" in unknown.stderr
+
+
+def test_smoke_names_an_unknown_recipe_before_running_anything(project):
+    unknown = xtrain(project, "smoke", "nope", check=False)
+    assert unknown.returncode == 1 and "no recipe nope in recipes/; known recipes: demo" in unknown.stderr
+    assert not (project / "smoke").exists()

@@ -85,6 +85,18 @@ def run(args: argparse.Namespace) -> int:
     return subprocess.run([*command, *args.snakemake]).returncode
 
 
+def smoke(args: argparse.Namespace) -> int:
+    """Snakemake on smoke/<recipe> for each named recipe; prints each report.md."""
+    names = recipe_names(args.recipes)
+    code = subprocess.run([*snakemake_command(), "--cores", str(args.cores),
+                           *(f"smoke/{name}" for name in names)]).returncode
+    for name in names:
+        report = Path("smoke") / name / "report.md"
+        if report.is_file():
+            print(report.read_text(encoding="utf-8"))
+    return code
+
+
 def stage_status(names: list[str]) -> dict[str, dict[str, str]]:
     """Each recipe's stages: `done`, `missing`, or `stale: why`, as Snakemake's detailed summary says."""
     targets = [f"reports/{name}/gate.json" for name in names]
@@ -191,6 +203,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", "-n", action="store_true", help="say what would run, and why")
     p.add_argument("snakemake", nargs=argparse.REMAINDER, help="after --: passed to snakemake as they are")
     p.set_defaults(action=run)
+    p = commands.add_parser("smoke", help="rehearse recipes on the CPU in minutes (smoke/<recipe>/report.md)")
+    p.add_argument("recipes", nargs="*")
+    p.add_argument("--cores", default="all")
+    p.set_defaults(action=smoke)
     p = commands.add_parser("status", help="each recipe's stages: done, missing, or stale and why")
     p.add_argument("recipes", nargs="*")
     p.set_defaults(action=status)

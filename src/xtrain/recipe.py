@@ -592,6 +592,8 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
         "export": {"export": dump["export"], "train": dump["train"], "hardware": dump["hardware"], **trust},
         # The report shows the recipe up to evaluation; the export section is the export stage's alone.
         "report": {k: v for k, v in dump.items() if k != "export"},
+        # The smoke test rehearses the recipe up to evaluation (prepare, plan, launch, train, evaluate).
+        "smoke": {k: v for k, v in dump.items() if k != "export"},
     }
     return slices[stage]
 

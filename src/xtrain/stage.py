@@ -63,6 +63,8 @@ def run_stage(log_path: str, body: Callable[[], Any], recipe: str | None = None,
         handlers=[logging.FileHandler(log_path, mode="w"), logging.StreamHandler(sys.stderr)],
         force=True,
     )
+    # The libraries' progress bars redraw with carriage returns; the stages write progress lines instead.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if threads is not None:
         logging.getLogger("xtrain").info("running on %d thread(s)", use_threads(threads))
     try:

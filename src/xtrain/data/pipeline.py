@@ -228,9 +228,10 @@ def check_first_rows(source: DataSource, path: Path, kind: str = "chats", rows: 
     return fmt
 
 
-def read_chats(source: DataSource, path: Path | None, seen: set[str], near: NearDuplicates | None):
+def read_chats(source: DataSource, path: Path | None, seen: set[str], near: NearDuplicates | None,
+               limit: int | None = None):
     """Normalised, trainable, not-yet-seen chats of one source, and its stats."""
-    found = read_source(source, path)
+    found = read_source(source, path, limit)
     fmt = source_format(source, found)
     normaliser = Normaliser(source, fmt)
     chats, dropped, placeholders = [], Counter(), Counter()
@@ -354,24 +355,25 @@ def pack(table: pa.Table, seq_len: int):
 
 def prepare(
     sources: list[Path], model_dir: Path, data: Data, out: Path, trust_remote_code: bool = False,
-    kind: str = "chats",
+    kind: str = "chats", limit: int | None = None,
 ) -> dict[str, Any]:
     """Build `out` (train/eval Parquet, manifest.json, preview.txt) atomically; return the manifest.
 
     `sources` are the local files of `data.sources` in order (hub sources have none); `kind` (recipe.DATA_KINDS of
-    train.objective) says whether they hold chats (sft), pairs (dpo, orpo) or labelled answers (kto).
+    train.objective) says whether they hold chats (sft), pairs (dpo, orpo) or labelled answers (kto). `limit`
+    reads only each source's first rows (the smoke stage).
     """
     from datasets import Dataset
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     if kind != "chats":
-        return prepare_preference(sources, tokenizer, model_dir, data, out, kind)
+        return prepare_preference(sources, tokenizer, model_dir, data, out, kind, limit)
     seen: set[str] = set()
     near = NearDuplicates(data.near_dedupe_threshold) if data.near_dedupe_threshold else None
     chats, origin, per_source = [], [], {}
     for index, (source, path) in enumerate(zip(data.sources, local_paths(data, sources))):
-        name, found, dropped, stats = read_chats(source, path, seen, near)
+        name, found, dropped, stats = read_chats(source, path, seen, near, limit)
         per_source[name] = {**stats, "dropped": dropped}
         chats += found
         origin += [index] * len(found)
@@ -457,7 +459,8 @@ def prepare(
     return manifest
 
 
-def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Data, out: Path, kind: str):
+def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Data, out: Path, kind: str,
+                       limit: int | None = None):
     """prepare for pairs (dpo, orpo) or labelled answers (kto): each example's prompt tokens once and
     each answer's tokens, split by prompt so that examples sharing a prompt stay in one split."""
     from datasets import Dataset
@@ -465,7 +468,7 @@ def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Da
     seen: set[str] = set()
     examples, origin, per_source = [], [], {}
     for index, (source, path) in enumerate(zip(data.sources, local_paths(data, sources))):
-        found = read_source(source, path)
+        found = read_source(source, path, limit)
         fmt, read, dropped, ignored = preference.read_examples(source, found, kind, seen)
         unfilled = Counter()
         for example in read:

@@ -32,14 +32,14 @@ class SourceRows:
 
 
 def read_source(source: DataSource, path: Path | None, limit: int | None = None) -> SourceRows:
-    """All rows of `source` (the first `limit` only, where the file type lets them be read alone); `path` is where
-    its local file is (None for a hub source)."""
+    """All rows of `source`, or its first `limit` (read alone where the file type allows); `path` is where its
+    local file is (None for a hub source)."""
     if source.hub is not None:
-        found = SourceRows(source.name, read_hub(source.hub, source.split))
+        found = SourceRows(source.name, read_hub(source.hub, source.split)[:limit])
     elif not path.exists():
         raise XtrainError(f"{path}: data source not found; fix data.sources[].path in the recipe")
     elif path.is_dir():
-        found = SourceRows(str(path), read_saved_dataset(path, source.split))
+        found = SourceRows(str(path), read_saved_dataset(path, source.split)[:limit])
     elif path.suffix in (".txt", ".md"):
         found = read_documents(path, whole_file=source.split == "file", limit=limit)
     elif path.suffix in READERS:

@@ -1,0 +1,46 @@
+"""`smoke/<recipe>/report.md`: each step's result and time, the real plan's figures, and a verdict line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..recipe import Recipe
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def plan_lines(plan: dict[str, Any], recipe: Recipe) -> list[str]:
+    hardware = recipe.hardware
+    where = (f"{hardware.gpus} x {plan['device']} GPU(s) per node x {hardware.nodes} node(s)" if hardware.gpus
+             else f"the CPU ({hardware.processes} process(es) per node x {hardware.nodes} node(s))")
+    fits = plan["peak_gib_per_device"] <= plan["budget_gib_per_device"]
+    lines = [f"- Hardware: {where}; {plan['precision']}, {plan['strategy']}.",
+             f"- Memory per device: {plan['peak_gib_per_device']} GiB of {plan['budget_gib_per_device']} GiB usable"
+             f" ({'fits' if fits else 'does not fit'}; at worst, every row data.seq_len long).",
+             f"- Time: {plan['steps']} steps, {duration(plan['run_seconds'])}" + (f", {plan['gpu_hours']} GPU-hours" if plan['gpus'] else "")
+             + (f", cost {plan['cost']} at {plan['price_per_gpu_hour']} per GPU-hour" if "cost" in plan else "") + "."]
+    return lines
+
+
+def report_markdown(summary: dict[str, Any], recipe: Recipe) -> str:
+    steps = {record["step"]: record for record in summary["steps"]}
+    rows = [f"| {r['step']} | {r['status']} | {r['seconds']} s | {r.get('error', '')} |" for r in summary["steps"]]
+    lines = [f"# Smoke test of recipes/{summary['recipe']}.yaml: {summary['verdict'].upper()}", "",
+             "| step | result | time | error |", "| --- | --- | --- | --- |", *rows, ""]
+    if steps.get("plan", {}).get("status") == "passed":
+        lines += ["## The real run's plan", "", *plan_lines(steps["plan"], recipe), ""]
+    if steps.get("launch", {}).get("status") == "passed":
+        launch = steps["launch"]
+        lines += ["## Launch", "", f"backend `{recipe.train.backend}`; native config in `launch.json`.", "",
+                  "```sh", " ".join(launch["argv"]) or "(in process)", "```", "",
+                  "Slurm resources of the train job: " + ", ".join(f"{k} {v}" for k, v in launch["resources"].items())
+                  + ".", ""]
+    if steps.get("train", {}).get("status") == "passed":
+        train = steps["train"]
+        lines += [f"Trained {train['steps']} steps through `{train['backend']}` on the CPU on the shrunk model "
+                  f"({steps['model']['class']}: {', '.join(steps['model']['changed'])}); losses {train['losses']}.", ""]
+    verdict = ("Verdict: ready to submit." if summary["verdict"] == "passed"
+               else "Verdict: fix the failed step before submitting; the full run would stop there too.")
+    return "\n".join([*lines, verdict, ""])
