@@ -1,6 +1,7 @@
 """How right is the plan? Predicted vs measured peak memory and step time on this CPU, and plan vs TRL defaults.
 
-    .venv/bin/python bench/bench_plan.py    # ~15 min on 2 cores; prints the tables for BENCHMARKS.md
+    .venv/bin/python bench/bench_plan.py          # ~15 min on 2 cores; prints the tables for BENCHMARKS.md
+    .venv/bin/python bench/bench_plan.py --dpo    # only the DPO rows (~5 min)
 
 Two models built offline with random weights: the demo's tiny Llama (0.37M parameters) and a 27M Llama
 (hidden 512, 6 layers, vocab 16384). Each configuration runs in its own process so that memory is
@@ -26,13 +27,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 MIB = 2**20
 BATCH = 4
-GRID = [  # (model, method, checkpointing, seq_len, precision): both methods, both ways, both lengths, per model
-    ("tiny", "full", False, 256, "fp32"), ("tiny", "full", True, 512, "fp32"),
-    ("tiny", "lora", False, 512, "fp32"), ("tiny", "lora", True, 256, "fp32"),
-    ("27m", "full", False, 256, "fp32"), ("27m", "full", True, 512, "fp32"),
-    ("27m", "lora", False, 512, "fp32"), ("27m", "lora", True, 256, "fp32"),
-    ("27m", "full", False, 512, "bf16"), ("27m", "lora", False, 512, "bf16"),
+GRID = [  # (model, objective, method, checkpointing, seq_len, precision): both methods, both ways, both lengths
+    ("tiny", "sft", "full", False, 256, "fp32"), ("tiny", "sft", "full", True, 512, "fp32"),
+    ("tiny", "sft", "lora", False, 512, "fp32"), ("tiny", "sft", "lora", True, 256, "fp32"),
+    ("27m", "sft", "full", False, 256, "fp32"), ("27m", "sft", "full", True, 512, "fp32"),
+    ("27m", "sft", "lora", False, 512, "fp32"), ("27m", "sft", "lora", True, 256, "fp32"),
+    ("27m", "sft", "full", False, 512, "bf16"), ("27m", "sft", "lora", False, 512, "bf16"),
 ]
+# DPO: BATCH pairs a step (2 x BATCH sequences), the reference forward first; LoRA's reference is the base with the
+# adapter disabled, full fine-tuning's a frozen copy.
+DPO_GRID = [("27m", "dpo", "lora", False, 256, "fp32"), ("27m", "dpo", "lora", True, 512, "fp32"),
+            ("27m", "dpo", "full", False, 256, "fp32"), ("27m", "dpo", "full", True, 512, "fp32")]
 
 
 def build_models(folder: Path) -> dict[str, Path]:
@@ -63,14 +68,37 @@ def rss_kib(field: str) -> int:
     raise KeyError(field)
 
 
-def training_step(model, optimizer, ids, precision):
+def training_step(model, optimizer, ids, precision, objective="sft", reference=None):
     import torch
 
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        if objective == "dpo":
+            loss = dpo_loss(model, ids, reference)
+        else:
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def dpo_loss(model, ids, reference, beta=0.1):
+    """DPO's sigmoid loss as TRL 1.16 computes it: each sequence's log-prob under the reference without gradients
+    (first), then under the policy, over the chosen (first half of `ids`) and rejected (second half) rows."""
+    from contextlib import nullcontext
+
+    import torch
+    import torch.nn.functional as F
+    from trl.trainer.utils import selective_log_softmax
+
+    def logps(net):
+        return selective_log_softmax(net(input_ids=ids, use_cache=False).logits[:, :-1], ids[:, 1:]).sum(-1)
+
+    with torch.no_grad(), model.disable_adapter() if reference is None else nullcontext():
+        reference_logps = logps(reference or model)
+    policy = logps(model)
+    half = ids.shape[0] // 2
+    margin = (policy[:half] - reference_logps[:half]) - (policy[half:] - reference_logps[half:])
+    return -F.logsigmoid(beta * margin).mean()
 
 
 def load(model_dir: Path, method: str, checkpointing: bool):
@@ -92,7 +120,18 @@ def load(model_dir: Path, method: str, checkpointing: bool):
     return model.train()
 
 
-def measure_memory(model_dir: Path, method: str, checkpointing: bool, seq_len: int, precision: str) -> dict:
+def reference_copy(model_dir: Path, objective: str, method: str):
+    """Full fine-tuning DPO's frozen reference model (LoRA's is the policy with its adapter disabled)."""
+    if objective != "dpo" or method != "full":
+        return None
+    model = load(model_dir, "full", False).eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
+def measure_memory(model_dir: Path, objective: str, method: str, checkpointing: bool, seq_len: int,
+                   precision: str) -> dict:
     """Peak RSS growth over four steps and MemTracker's tracked tensor peak over two more, in a fresh process."""
     import gc
 
@@ -101,58 +140,69 @@ def measure_memory(model_dir: Path, method: str, checkpointing: bool, seq_len: i
     from xtrain.plan.memory import TrainableMemTracker
 
     torch.manual_seed(0)
-    run_steps(model_dir, method, checkpointing, seq_len, precision, 2)  # code, kernels and thread pools in first
+    run_steps(model_dir, objective, method, checkpointing, seq_len, precision, 2)  # code, kernels, pools in first
     gc.collect()
     baseline = rss_kib("VmRSS")
-    model = load(model_dir, method, checkpointing)
+    model, reference = load(model_dir, method, checkpointing), reference_copy(model_dir, objective, method)
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS; loading's transients do not count
-    model, optimizer, ids = run_steps(model_dir, method, checkpointing, seq_len, precision, 4, model)
+    model, optimizer, ids = run_steps(model_dir, objective, method, checkpointing, seq_len, precision, 4, model,
+                                      reference=reference)
     rss_peak = (rss_kib("VmHWM") - baseline) * 1024
+    if objective == "dpo":  # MemTracker refuses a second forward through the same modules in one step
+        return {"rss_growth": rss_peak, "tracked": None}
     tracker = TrainableMemTracker()
     tracker.track_external(model, optimizer)
     with tracker:
         for _ in range(2):
-            training_step(model, optimizer, ids, precision)
+            training_step(model, optimizer, ids, precision, objective, reference)
             tracker.reset_mod_stats()
     tracked = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
     return {"rss_growth": rss_peak, "tracked": tracked}
 
 
-def measure_seconds(model_dir: Path, method: str, checkpointing: bool, seq_len: int, precision: str) -> dict:
+def measure_seconds(model_dir: Path, objective: str, method: str, checkpointing: bool, seq_len: int,
+                    precision: str) -> dict:
     """Median seconds of steps 2-5 (glibc's default allocator: the memory run's settings slow every step)."""
     import torch
 
     torch.manual_seed(0)
     seconds = []
-    run_steps(model_dir, method, checkpointing, seq_len, precision, 5, on_step=seconds.append)
+    run_steps(model_dir, objective, method, checkpointing, seq_len, precision, 5, on_step=seconds.append,
+              reference=reference_copy(model_dir, objective, method))
     return {"step_seconds": statistics.median(seconds[1:])}
 
 
-def run_steps(model_dir, method, checkpointing, seq_len, precision, steps, model=None, on_step=lambda s: None):
+def run_steps(model_dir, objective, method, checkpointing, seq_len, precision, steps, model=None,
+              on_step=lambda s: None, reference=None):
     import torch
 
     model = model or load(model_dir, method, checkpointing)
-    ids = torch.randint(0, model.config.vocab_size, (BATCH, seq_len))
+    rows = BATCH * (2 if objective == "dpo" else 1)  # a DPO pair is two sequences
+    ids = torch.randint(0, model.config.vocab_size, (rows, seq_len))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=False)
     for _ in range(steps):
         started = time.perf_counter()
-        training_step(model, optimizer, ids, precision)
+        training_step(model, optimizer, ids, precision, objective, reference)
         on_step(time.perf_counter() - started)
     return model, optimizer, ids
 
 
-def predict(model_dir: Path, method: str, checkpointing: bool, seq_len: int, precision: str) -> dict:
+def predict(model_dir: Path, objective: str, method: str, checkpointing: bool, seq_len: int, precision: str) -> dict:
     from xtrain.plan import Planner, count_parameters
-    from xtrain.plan.memory import Step, analytical, traced
+    from xtrain.plan.memory import Step
     from xtrain.recipe import Hardware, Train
 
-    train = Train(method=method)
+    train = Train(method=method, objective=objective)
     params = count_parameters(model_dir, train)
-    step = Step(BATCH, seq_len, precision, "fp32", checkpointing, foreach=False)
-    planner = Planner(model_dir, train, Hardware(), params)
-    seconds, _ = planner.seconds_per_micro_step(step, BATCH * seq_len)
-    return {"traced": sum(traced(model_dir, train, step).breakdown.values()),
-            "analytical": sum(analytical(params, method, step).values()), "step_seconds": seconds}
+    sequences = 2 if objective == "dpo" else 1
+    step = Step(BATCH, seq_len, precision, "fp32", checkpointing, foreach=False, sequences=sequences)
+    planner = Planner(model_dir, train, Hardware(), params, sequences=sequences)
+    seconds, _ = planner.seconds_per_micro_step(step, BATCH * sequences * seq_len)
+    estimates = {}
+    for estimator in ("traced", "analytical"):  # each with the plan's own additions (a DPO reference copy)
+        estimates[estimator] = sum(Planner(model_dir, train, Hardware(), params, estimator=estimator,
+                                           sequences=sequences).estimate(step).values())
+    return {**estimates, "step_seconds": seconds}
 
 
 def in_fresh_process(function: str, *args, malloc_returns_memory: bool = False) -> dict:
@@ -163,6 +213,10 @@ def in_fresh_process(function: str, *args, malloc_returns_memory: bool = False) 
            f"from pathlib import Path; print(json.dumps(b.{function}(Path({str(args[0])!r}), *{args[1:]!r})))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def tracked(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / MIB:.1f}"
 
 
 def error(predicted: float, measured: float) -> str:
@@ -204,27 +258,29 @@ def plan_vs_trl_defaults(model_dir: Path) -> list[str]:
 
 
 def main() -> None:
+    grid = DPO_GRID if "--dpo" in sys.argv[1:] else GRID + DPO_GRID
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")  # probe this machine now, under today's load
         models = build_models(Path(tmp))
-        print("| model | method | checkpointing | seq | precision | measured RSS growth MiB | tracked MiB | "
+        print("| model | objective | method | checkpointing | seq | precision | measured RSS growth MiB | tracked MiB | "
               "traced MiB (err vs RSS) | analytical MiB (err vs RSS) | measured step s | predicted step s (err) |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for model, method, checkpointing, seq_len, precision in GRID:
-            args = (models[model], method, checkpointing, seq_len, precision)
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for model, objective, method, checkpointing, seq_len, precision in grid:
+            args = (models[model], objective, method, checkpointing, seq_len, precision)
             real = {**in_fresh_process("measure_memory", *args, malloc_returns_memory=True),
                     **in_fresh_process("measure_seconds", *args)}
             guess = predict(*args)
-            print(f"| {model} | {method} | {checkpointing} | {seq_len} | {precision} | "
-                  f"{real['rss_growth'] / MIB:.1f} | {real['tracked'] / MIB:.1f} | "
+            print(f"| {model} | {objective} | {method} | {checkpointing} | {seq_len} | {precision} | "
+                  f"{real['rss_growth'] / MIB:.1f} | {tracked(real['tracked'])} | "
                   f"{guess['traced'] / MIB:.1f} ({error(guess['traced'], real['rss_growth'])}) | "
                   f"{guess['analytical'] / MIB:.1f} ({error(guess['analytical'], real['rss_growth'])}) | "
                   f"{real['step_seconds']:.3f} | {guess['step_seconds']:.3f} "
                   f"({error(guess['step_seconds'], real['step_seconds'])}) |", flush=True)
-        print("\n| run | plan's settings | plan tokens/s | TRL defaults tokens/s | speed-up |")
-        print("| --- | --- | --- | --- | --- |")
-        print("\n".join(plan_vs_trl_defaults(models["27m"])))
+        if grid is not DPO_GRID:
+            print("\n| run | plan's settings | plan tokens/s | TRL defaults tokens/s | speed-up |")
+            print("| --- | --- | --- | --- | --- |")
+            print("\n".join(plan_vs_trl_defaults(models["27m"])))
     print(f"\n(bench took {time.time() - started:.0f} s)")
 
 
