@@ -15,10 +15,10 @@ from typing import Literal
 from xtrain_backend_side.prepared import (
     CHOSEN_IDS,
     COMPLETION_IDS,
-    IGNORE_INDEX,
     PROMPT_IDS,
     REJECTED_IDS,
     PREFERENCE_COLUMNS,
+    answer_row,
     split_file,
     train_split_is_packed,
     training_columns,
@@ -152,8 +152,8 @@ def preference_trainer(objective: str):
             prompt = feature[PROMPT_IDS]
             row = {"prompt_input_ids": prompt, "prompt_attention_mask": [1] * len(prompt)}
             for name, answer in (("chosen", feature[CHOSEN_IDS]), ("rejected", feature[REJECTED_IDS])):
-                row |= {f"{name}_input_ids": prompt + answer, f"{name}_attention_mask": [1] * (len(prompt) + len(answer)),
-                        f"{name}_labels": [IGNORE_INDEX] * len(prompt) + answer}
+                ids, labels = answer_row(prompt, answer)
+                row |= {f"{name}_input_ids": ids, f"{name}_attention_mask": [1] * len(ids), f"{name}_labels": labels}
             return row
 
     return {"dpo": XtrainDPOTrainer, "kto": XtrainKTOTrainer, "orpo": XtrainORPOTrainer}[objective]
