@@ -46,10 +46,22 @@ def test_a_dpo_job_hands_the_runner_trl_cpus_dpo_arguments_and_the_pair_columns(
     assert "packing" not in arguments
 
 
-def test_kto_and_orpo_are_refused_by_name():
-    for objective in ("kto", "orpo"):
-        with pytest.raises(XtrainError, match=f"train.backend unsloth does not train objective '{objective}'"):
-            backends.check("unsloth", tiny_dpo("unsloth", objective=objective), Hardware())
+def test_kto_and_orpo_jobs_carry_their_own_settings(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "prepared").mkdir()
+    pq.write_table(pa.table({"prompt_ids": [[1]], "completion_ids": [[2]], "label": [True]}),
+                   tmp_path / "prepared" / "train.parquet")
+    for objective, settings, expected in (("kto", {"desirable_weight": 2.0}, {"desirable_weight": 2.0, "beta": 0.1}),
+                                          ("orpo", {"beta": 0.2}, {"beta": 0.2})):
+        train = tiny_dpo("unsloth", objective=objective, preference=Preference(**settings))
+        job = TrainJob(tmp_path / "model", tmp_path / "prepared", sample_plan(), train, Hardware(), tmp_path / "out",
+                       tmp_path / "work", None)
+        described = get_backend("unsloth").native(job)["job"]
+        assert described["objective"] == objective
+        assert {key: described["trainer"][key] for key in expected} == expected
+        assert "loss_type" not in described["trainer"], "DPO only"
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 `python -m xtrain_backend_side.unsloth_runner job.json`: the job (written by `xtrain.backends.unsloth`) holds the model folder,
 the prepared train split, the LoRA settings, the objective and the TRL config arguments every TRL-based backend
 shares; this script loads the model with Unsloth's `FastLanguageModel`, trains with TRL's `SFTTrainer` (or, for a
-preference objective, the `DPOTrainer` every TRL backend uses, `trainer_parts.preference_trainer`) on the prepared
+preference objective, the trainer every TRL backend uses, `trainer_parts.preference_trainer`) on the prepared
 tokens, saves the weights and tokenizer into the job's `out` and writes the log history to its `result`.
 The backend's environment has Unsloth's stack, not xtrain's, so the runner imports no xtrain module; the Trainer
 pieces every backend shares come from `xtrain_backend_side.trainer_parts`.

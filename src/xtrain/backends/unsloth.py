@@ -1,5 +1,5 @@
-"""`unsloth`: Unsloth's FastLanguageModel (+ its LoRA) trained by TRL's SFTTrainer or DPOTrainer, in the backend's own
-environment.
+"""`unsloth`: Unsloth's FastLanguageModel (+ its LoRA) trained by TRL's SFTTrainer, or its DPO, KTO or ORPO trainer, in
+the backend's own environment.
 
 The backend writes a JSON job (model, prepared train split, LoRA settings, the objective and the TRL config arguments
 it shares with trl_cpu, so both backends train with the same settings on the same tokens) and launches
@@ -28,17 +28,16 @@ RUNNER = "xtrain_backend_side.unsloth_runner"
 class Unsloth:
     name = "unsloth"
     # The CPU only, for now: its environment (envs/unsloth.yaml) is built and tested with the CPU torch. On the CPU
-    # Unsloth leaves TRL's DPOTrainer as it is (its own patches are for GPUs); KTO and ORPO are not tried here yet.
+    # Unsloth leaves TRL's preference trainers as they are (its own patches are for GPUs).
     capabilities = Capabilities(
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
-        methods=("lora", "full"), objectives=("sft", "dpo"), precisions=("fp32", "bf16"), packing=True, resume=True,
+        methods=("lora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16"), packing=True,
+        resume=True,
     )
     # The runner hands the shared TRL config arguments to TRL; the model and LoRA settings to Unsloth's loader.
     fields = {**{field: where.replace("peft.", "job.lora.").replace("config.", "job.trainer.")
                  for field, where in TRL_FIELDS.items()},
               "train.objective": "job.objective",
-              "train.preference.desirable_weight": "capabilities",
-              "train.preference.undesirable_weight": "capabilities",
               "train.method": "job.method",
               "train.checkpoint_minutes": "job.checkpoint_seconds",
               **ONE_CPU_PROCESS}
