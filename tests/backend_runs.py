@@ -5,6 +5,7 @@ reference run (once per session), and the backend environments, built once into 
 from __future__ import annotations
 
 import fcntl
+import math
 
 import pytest
 import yaml
@@ -12,11 +13,15 @@ from checkpoint_contract import assert_checkpoint_contract
 from conftest import REPO, build_run
 
 from xtrain.artifacts import read_json
+from xtrain.backends import REGISTRY
 from xtrain.envs import build, is_built
 from xtrain.recipe import Train
 
 # A few steps of LoRA on the demo data, one logged loss per step.
 TINY = {"method": "lora", "global_batch_size": 4, "max_steps": 4, "learning_rate": 5e-3, "logging_steps": 1}
+# Two DPO steps of LoRA on the demo pairs. No LoRA dropout: the other environments' preference trainers turn it off.
+PAIRS = REPO / "data/pref/colours_sums.jsonl"
+TINY_DPO = {**TINY, "objective": "dpo", "max_steps": 2, "lora": {"dropout": 0.0}}
 
 
 def tiny_train(backend: str, **changes) -> Train:
@@ -28,6 +33,30 @@ def trl_cpu_reference(tiny_model, tmp_path_factory) -> dict:
     """train_metrics.json of trl_cpu on the tiny recipe: what each backend's first-step loss is compared with."""
     run = build_run(tmp_path_factory.mktemp("trl_cpu_reference"), tiny_model, tiny_train("trl_cpu"))
     return read_json(run["checkpoint"] / "train_metrics.json")
+
+
+def tiny_dpo(backend: str, **changes) -> Train:
+    return Train(**{**TINY_DPO, "backend": backend, **changes})
+
+
+def dpo_run(backend: str, tiny_model, folder) -> tuple[dict, list[dict]]:
+    """The tiny DPO recipe through the train stage on `backend`: (the run's paths, the trainer's log history, which
+    holds the DPO metrics that train_metrics.json does not)."""
+    results = []
+    run = REGISTRY[backend].run
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(REGISTRY[backend], "run", lambda job: results.append(run(job)) or results[-1])
+        # fp32 on every backend, whatever this CPU offers (the log-probs are compared to trl_cpu's at 1e-4).
+        patch.setattr("xtrain.plan.cpu_supports_bf16", lambda: False)
+        paths = build_run(folder, tiny_model, tiny_dpo(backend), source=PAIRS)
+    return paths, results[0].log_history
+
+
+@pytest.fixture(scope="session")
+def trl_cpu_dpo_reference(tiny_model, tmp_path_factory) -> dict:
+    """The first logged step of trl_cpu on the tiny DPO recipe (loss, rewards, log-probs of the batch's answers)."""
+    _, history = dpo_run("trl_cpu", tiny_model, tmp_path_factory.mktemp("trl_cpu_dpo_reference"))
+    return next(entry for entry in history if "loss" in entry)
 
 
 def ensure_backend_env(backend: str) -> None:
@@ -57,3 +86,23 @@ def train_tiny_recipe_with_backend(backend: str, reference: dict, tiny_model, tm
     report = read_json(run["report"])
     assert report["tuned_loss"] < report["base_loss"]
     return metrics
+
+
+def train_tiny_dpo_with_backend(backend: str, reference: dict | None, tiny_model, tmp_path, monkeypatch) -> dict:
+    """Train the tiny DPO recipe in the backend's own environment and check: the checkpoint contract, two logged
+    steps, and a first loss of ln 2 within 1e-4 (the policy is the reference at step 0). With trl_cpu's first step
+    as `reference` (a backend that draws the same first batch): the same loss within 1e-3 and the same
+    log-probabilities of the batch's answers (the same prepared tokens in the same rows). Returns the first logged
+    step."""
+    ensure_backend_env(backend)
+    monkeypatch.chdir(REPO)  # the backend finds its interpreter under .venvs/
+    run, history = dpo_run(backend, tiny_model, tmp_path)
+    metrics = assert_checkpoint_contract(run["checkpoint"], tiny_model, backend)
+    assert metrics["steps"] == 2 and [entry["step"] for entry in metrics["loss"]] == [1, 2]
+    first = next(entry for entry in history if "loss" in entry)
+    assert abs(first["loss"] - math.log(2)) < 1e-4, f"first DPO loss {first['loss']}: the policy is the reference"
+    if reference:
+        assert abs(first["loss"] - reference["loss"]) < 1e-3
+        for key in ("logps/chosen", "logps/rejected"):
+            assert first[key] == pytest.approx(reference[key], rel=1e-4), f"{key}: {first[key]} vs {reference[key]}"
+    return first

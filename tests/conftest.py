@@ -21,7 +21,7 @@ import yaml  # noqa: E402
 from xtrain.data import prepare  # noqa: E402
 from xtrain.evaluate import evaluate  # noqa: E402
 from xtrain.plan import Plan, make_plan, write_plan  # noqa: E402
-from xtrain.recipe import Data, DataSource, Eval, Hardware, Train  # noqa: E402
+from xtrain.recipe import DATA_KINDS, Data, DataSource, Eval, Hardware, Train  # noqa: E402
 from xtrain.train import run_training  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,12 +95,15 @@ def prepared(tiny_model, tmp_path_factory) -> Path:
     return out
 
 
-def build_run(tmp_path: Path, model_dir: Path, train: Train, hardware: Hardware | None = None) -> dict[str, Path]:
-    """prepare -> plan -> train -> evaluate through the library, on the demo data at seq_len 128."""
-    data = Data(sources=[DataSource(path=str(REPO / "data/demo/chat.jsonl"))], seq_len=128, eval_fraction=0.1)
+def build_run(tmp_path: Path, model_dir: Path, train: Train, hardware: Hardware | None = None,
+              source: Path = REPO / "data/demo/chat.jsonl") -> dict[str, Path]:
+    """prepare -> plan -> train -> evaluate through the library, on the demo data (or `source`, of the kind
+    train.objective trains on) at seq_len 128."""
+    data = Data(sources=[DataSource(path=str(source))], seq_len=128, eval_fraction=0.1)
     hardware = hardware or Hardware()
     prepared = tmp_path / "prepared"
-    manifest = prepare([Path(s.path) for s in data.sources], model_dir, data, prepared)
+    manifest = prepare([Path(s.path) for s in data.sources], model_dir, data, prepared,
+                       kind=DATA_KINDS[train.objective])
     plan_path = tmp_path / "plan.json"
     write_plan(plan_path, make_plan(model_dir, manifest, train, hardware))
     checkpoint = tmp_path / "checkpoint"

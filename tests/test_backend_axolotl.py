@@ -1,4 +1,5 @@
-"""The axolotl backend: its translation checked by Axolotl's own config loader, its refusals, and a real run."""
+"""The axolotl backend: its translation checked by Axolotl's own config loader, its refusals, the preference data it
+trains as text, and real SFT and DPO runs."""
 
 from __future__ import annotations
 
@@ -8,16 +9,25 @@ import subprocess
 
 import pytest
 import yaml
-from backend_runs import ensure_backend_env, train_tiny_recipe_with_backend, trl_cpu_reference  # noqa: F401 (a fixture)
+from backend_runs import (
+    PAIRS,
+    ensure_backend_env,
+    tiny_dpo,
+    train_tiny_dpo_with_backend,
+    train_tiny_recipe_with_backend,
+)
 from backend_runs import tiny_train as backend_train
+from backend_runs import trl_cpu_dpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
 from conftest import HANG_SECONDS, REPO, sample_plan
 
 from xtrain import backends
 from xtrain.backends import TrainJob
 from xtrain.backends.axolotl import OFFLINE, axolotl_config, cpu_precision, export_tokens
+from xtrain.backends.preference_text import export_text
+from xtrain.data import prepare
 from xtrain.errors import XtrainError
 from xtrain.plan import Plan
-from xtrain.recipe import Hardware, Lora, Train
+from xtrain.recipe import Data, DataSource, Hardware, Lora, Preference, Train
 
 PYTHON = str(REPO / ".venvs" / "axolotl" / "bin" / "python")
 # Axolotl's loader (the one `axolotl train` uses) on each config given: it validates against its pydantic schema
@@ -91,6 +101,69 @@ def test_a_bf16_plan_trains_in_fp32_and_says_so(tmp_path, caplog):
         cpu_precision(plan(precision="fp16"))
 
 
+def test_preference_settings_land_in_axolotls_rl_keys(tmp_path):
+    dpo = axolotl_config(job(tmp_path, tiny_dpo("axolotl", preference=Preference(beta=0.3, loss_type="ipo")), plan()),
+                         tmp_path / "d.parquet")
+    assert {key: dpo[key] for key in ("rl", "rl_beta", "dpo_loss_type", "excess_length_strategy", "group_by_length")} \
+        == {"rl": "dpo", "rl_beta": 0.3, "dpo_loss_type": ["ipo"], "excess_length_strategy": "raise",
+            "group_by_length": False}
+    assert "ds_type" not in dpo["datasets"][0] and not any(key.startswith("kto_") for key in dpo)
+    kto = axolotl_config(job(tmp_path, tiny_dpo("axolotl", objective="kto", preference=Preference(
+        desirable_weight=2.0, undesirable_weight=0.5)), plan()), tmp_path / "d.parquet")
+    assert (kto["rl"], kto["kto_desirable_weight"], kto["kto_undesirable_weight"]) == ("kto", 2.0, 0.5)
+    assert "dpo_loss_type" not in kto
+
+
+def test_a_lora_dropout_with_a_preference_objective_is_refused_by_name():
+    with pytest.raises(XtrainError, match=r"train.lora.dropout 0.05 with train.objective dpo.*train.lora.dropout: 0"):
+        backends.check("axolotl", tiny_train(objective="dpo"), Hardware())
+    backends.check("axolotl", tiny_dpo("axolotl"), Hardware())
+
+
+@pytest.fixture(scope="module")
+def prepared_pairs(tiny_model, tmp_path_factory):
+    data = Data(sources=[DataSource(path=str(PAIRS))], seq_len=128, eval_fraction=0.1)
+    out = tmp_path_factory.mktemp("pairs") / "prepared"
+    prepare([PAIRS], tiny_model, data, out, kind="pairs")
+    return out
+
+
+def test_pairs_become_text_that_tokenizes_back_to_the_prepared_ids(prepared_pairs, tiny_model, tmp_path):
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    rows = export_text(prepared_pairs, tiny_model, tmp_path / "text.parquet", "axolotl", False)
+    prepared = pq.read_table(prepared_pairs / "train.parquet").to_pylist()
+    text = pq.read_table(tmp_path / "text.parquet").to_pylist()
+    assert rows == len(prepared) == len(text) > 0 and set(text[0]) == {"prompt", "chosen", "rejected"}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    for ids, row in zip(prepared, text):  # as TRL 1.9's DPOTrainer tokenizes them (the answers end with EOS)
+        prompt = tokenizer(text=row["prompt"])["input_ids"]
+        assert prompt == ids["prompt_ids"]
+        for answer in ("chosen", "rejected"):
+            assert row[answer].endswith(tokenizer.eos_token)
+            assert tokenizer(text=row["prompt"] + row[answer])["input_ids"][len(prompt):] == ids[f"{answer}_ids"]
+
+
+def test_text_that_does_not_tokenize_back_is_refused_naming_the_row(prepared_pairs, tiny_model, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    # A word the tokenizer holds as one token, given as its single characters' tokens: decoding joins them.
+    word = next(token for token in ("the", "is", "plus", "of") if len(tokenizer(text=token)["input_ids"]) == 1)
+    split = tokenizer.convert_tokens_to_ids(list(word)) + [tokenizer.eos_token_id]
+    rows = pq.read_table(prepared_pairs / "train.parquet").to_pylist()
+    rows[1]["chosen_ids"] = split
+    (tmp_path / "prepared").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "prepared" / "train.parquet")
+    with pytest.raises(XtrainError, match=r"train.parquet row 1: train.backend axolotl trains preference data as text.*"
+                                          r"chosen_ids.*train.backend trl_cpu or trl_local"):
+        export_text(tmp_path / "prepared", tiny_model, tmp_path / "text.parquet", "axolotl", False)
+    assert not (tmp_path / "text.parquet").exists()
+
+
 @pytest.mark.slow
 def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(tiny_model, tmp_path):
     ensure_backend_env("axolotl")
@@ -99,6 +172,9 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
                    lora=Lora(r=4, alpha=8, dropout=0.1, target_modules=["q_proj", "v_proj"])),
         tiny_train(method="full", max_steps=None, epochs=2, lr_scheduler="constant"),
         tiny_train(lora=Lora(target_modules=["all-linear"])),
+        tiny_dpo("axolotl", preference=Preference(beta=0.2, loss_type="hinge")),
+        tiny_dpo("axolotl", objective="kto", method="full", lora=None,
+                 preference=Preference(desirable_weight=1.5, undesirable_weight=0.5)),
     ]
     configs, paths = [], []
     for index, train in enumerate(trains):
@@ -117,13 +193,15 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
         for key in ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay",
                     "max_grad_norm", "seed", "sequence_len", "bf16", "gradient_checkpointing", "save_steps", "lora_r",
                     "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear", "max_steps",
-                    "warmup_ratio"):
+                    "warmup_ratio", "rl_beta", "dpo_loss_type", "kto_desirable_weight", "kto_undesirable_weight",
+                    "excess_length_strategy", "group_by_length"):
             if key in config:
                 assert cfg[key] == config[key], key
         assert cfg["num_epochs"] == train.epochs
         assert cfg["lr_scheduler"] == train.lr_scheduler
         assert cfg["optimizer"] == "adamw_torch"
         assert (cfg.get("adapter") == "lora") == (train.method == "lora")
+        assert (cfg.get("rl") or "sft") == train.objective
 
 
 @pytest.mark.slow
@@ -132,3 +210,10 @@ def test_axolotl_trains_the_tiny_recipe_like_trl_cpu(trl_cpu_reference, tiny_mod
     # length-grouped sampler (Axolotl's trainer is transformers' Trainer): step 1's loss was seen equal to 5
     # digits, 6.98145, on 2026-12-02; with Axolotl's shuffle on it was 6.97258, another batch.
     train_tiny_recipe_with_backend("axolotl", trl_cpu_reference, tiny_model, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
+def test_axolotl_trains_dpo_from_ln2_on_the_prepared_tokens(trl_cpu_dpo_reference, tiny_model, tmp_path, monkeypatch):
+    # Axolotl's `rl: dpo` (TRL 1.9's DPOTrainer) on the pairs as text: the same log-probabilities of the first batch's
+    # answers as trl_cpu's on the prepared ids.
+    train_tiny_dpo_with_backend("axolotl", trl_cpu_dpo_reference, tiny_model, tmp_path, monkeypatch)

@@ -36,7 +36,7 @@ TRAIN_CHANGES = {
     "seed": {"seed": 5},
     "objective": {"objective": "dpo", "preference": Preference()},
     "preference.beta": {"objective": "dpo", "preference": Preference(beta=0.5)},
-    "preference.loss_type": {"objective": "dpo", "preference": Preference(loss_type="ipo")},
+    "preference.loss_type": {"objective": "dpo", "preference": Preference(loss_type="hinge")},
     "preference.desirable_weight": {"objective": "kto", "preference": Preference(desirable_weight=2.0)},
     "preference.undesirable_weight": {"objective": "kto", "preference": Preference(undesirable_weight=2.0)},
 }

@@ -1,15 +1,18 @@
-"""The unsloth backend: its refusals, and a real run in its own environment compared with trl_cpu."""
+"""The unsloth backend: its refusals, its DPO job, and real SFT and DPO runs in its own environment compared with
+trl_cpu."""
 
 from __future__ import annotations
 
 import pytest
+from backend_runs import tiny_dpo, train_tiny_dpo_with_backend, train_tiny_recipe_with_backend
 from backend_runs import tiny_train as backend_train
-from backend_runs import train_tiny_recipe_with_backend, trl_cpu_reference  # noqa: F401 (a fixture)
+from backend_runs import trl_cpu_dpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
+from conftest import sample_plan
 
 from xtrain import backends
-from xtrain.backends import get_backend
+from xtrain.backends import TrainJob, get_backend
 from xtrain.errors import XtrainError
-from xtrain.recipe import Hardware, Lora, Train
+from xtrain.recipe import Hardware, Lora, Preference, Train
 
 
 def tiny_train(**changes) -> Train:
@@ -24,6 +27,47 @@ def test_a_gpu_recipe_is_refused_before_launch():
 def test_all_linear_targets_are_refused_with_the_names_to_list():
     with pytest.raises(XtrainError, match=r"target_modules \['all-linear'\].*list the module names"):
         get_backend("unsloth").check(tiny_train(lora=Lora(target_modules=["all-linear"])), Hardware())
+
+
+def test_a_dpo_job_hands_the_runner_trl_cpus_dpo_arguments_and_the_pair_columns(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "prepared").mkdir()
+    pq.write_table(pa.table({"prompt_ids": [[1]], "chosen_ids": [[2]], "rejected_ids": [[3]]}),
+                   tmp_path / "prepared" / "train.parquet")
+    train = tiny_dpo("unsloth", preference=Preference(beta=0.3, loss_type="hinge"))
+    job = TrainJob(tmp_path / "model", tmp_path / "prepared", sample_plan(), train, Hardware(), tmp_path / "out",
+                   tmp_path / "work", None)
+    described = get_backend("unsloth").native(job)["job"]
+    assert described["objective"] == "dpo" and described["columns"] == ["prompt_ids", "chosen_ids", "rejected_ids"]
+    arguments = described["trainer"]
+    assert (arguments["beta"], arguments["loss_type"], arguments["disable_dropout"]) == (0.3, ["hinge"], False)
+    assert "packing" not in arguments
+
+
+def test_kto_and_orpo_jobs_carry_their_own_settings(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "prepared").mkdir()
+    pq.write_table(pa.table({"prompt_ids": [[1]], "completion_ids": [[2]], "label": [True]}),
+                   tmp_path / "prepared" / "train.parquet")
+    for objective, settings, expected in (("kto", {"desirable_weight": 2.0}, {"desirable_weight": 2.0, "beta": 0.1}),
+                                          ("orpo", {"beta": 0.2}, {"beta": 0.2})):
+        train = tiny_dpo("unsloth", objective=objective, preference=Preference(**settings))
+        job = TrainJob(tmp_path / "model", tmp_path / "prepared", sample_plan(), train, Hardware(), tmp_path / "out",
+                       tmp_path / "work", None)
+        described = get_backend("unsloth").native(job)["job"]
+        assert described["objective"] == objective
+        assert {key: described["trainer"][key] for key in expected} == expected
+        assert "loss_type" not in described["trainer"], "DPO only"
+
+
+@pytest.mark.slow
+def test_unsloth_trains_dpo_from_ln2_on_the_prepared_tokens(trl_cpu_dpo_reference, tiny_model, tmp_path, monkeypatch):
+    # Unsloth's model and LoRA under the DPOTrainer trl_cpu uses (trainer_parts.preference_trainer), on the same rows.
+    train_tiny_dpo_with_backend("unsloth", trl_cpu_dpo_reference, tiny_model, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow

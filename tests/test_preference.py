@@ -185,8 +185,8 @@ def test_evaluation_ranks_held_out_pairs(dpo_run, tiny_model):
 def test_a_backend_without_the_objective_refuses_it_by_name():
     from xtrain.backends import check
 
-    with pytest.raises(XtrainError, match=r"train.backend axolotl does not train objective 'dpo'.*trl_cpu"):
-        check("axolotl", Train(backend="axolotl", objective="dpo"), Hardware())
+    with pytest.raises(XtrainError, match=r"train.backend axolotl does not train objective 'orpo'.*trl_cpu"):
+        check("axolotl", Train(backend="axolotl", objective="orpo"), Hardware())
 
 
 def test_the_dpo_demo_runs_through_snakemake_and_reruns_only_what_an_edit_changes(tmp_path):

@@ -1,5 +1,5 @@
-"""The torchtune backend: the translation (checked by `tune validate`), and a real few-step run of the tiny
-recipe in torchtune's own environment, against trl_cpu's run of the same recipe."""
+"""The torchtune backend: the translation (checked by `tune validate`), a real few-step run of the tiny
+recipe in torchtune's own environment against trl_cpu's run of the same recipe, and a real DPO run."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from backend_runs import ensure_backend_env
+from backend_runs import ensure_backend_env, tiny_dpo, train_tiny_dpo_with_backend
 from checkpoint_contract import assert_checkpoint_contract
-from conftest import REPO, build_run
+from conftest import REPO, build_run, sample_plan
 
 from xtrain import backends
 from xtrain.artifacts import read_json
@@ -21,7 +21,7 @@ from xtrain.backends import torchtune as torchtune_backend
 from xtrain.errors import XtrainError
 from xtrain.launch import run_command
 from xtrain.plan import read_plan
-from xtrain.recipe import Hardware, Lora, Train
+from xtrain.recipe import Hardware, Lora, Preference, Train
 from xtrain_backend_side import BACKEND_SIDE_PATH
 from xtrain_backend_side import torchtune_components as tt
 
@@ -157,6 +157,58 @@ def test_check_refuses_what_the_single_device_recipes_cannot_run():
         backends.check("torchtune", Train(backend="torchtune"), Hardware(accelerator="rocm", gpus=1))
     with pytest.raises(XtrainError, match="together"):
         backend.check(Train(backend="torchtune", lora=Lora(target_modules=["down_proj"])), Hardware())
+
+
+def test_dpo_becomes_the_lora_dpo_recipe_with_the_recipes_loss(tiny_model, tmp_path):
+    def config(**preference) -> dict:
+        job = TrainJob(tiny_model, tmp_path / "prepared", sample_plan(time={"steps": 2}),
+                       tiny_dpo("torchtune", preference=Preference(**preference)), Hardware(), tmp_path / "out",
+                       tmp_path, None)
+        return torchtune_backend.torchtune_config(job, 54, packed=False)
+
+    sigmoid, hinge = config(beta=0.3), config(beta=0.3, loss_type="hinge")
+    assert sigmoid["loss"] == {"_component_": "torchtune.rlhf.loss.DPOLoss", "beta": 0.3}
+    assert hinge["loss"] == {"_component_": "torchtune.rlhf.loss.RSOLoss", "gamma": 0.3}
+    assert sigmoid["dataset"] == {"_component_": f"{torchtune_backend.COMPONENTS}.prepared_pairs",
+                                  "path": str(tmp_path / "prepared" / "train.parquet"), "seed": 0}
+    assert "clip_grad_norm" not in sigmoid, "the DPO recipe does not clip (said in the log)"
+    assert torchtune_backend.recipe_name(tiny_dpo("torchtune")) == "lora_dpo_single_device"
+
+
+def test_what_torchtune_cannot_train_with_dpo_is_refused_by_name():
+    backend = get_backend("torchtune")
+    with pytest.raises(XtrainError, match=r"loss_type 'ipo'.*sigmoid and hinge only.*loss_type: sigmoid"):
+        backend.check(tiny_dpo("torchtune", preference=Preference(loss_type="ipo")), Hardware())
+    with pytest.raises(XtrainError, match="train.objective dpo with train.method lora only.*set train.method: lora"):
+        backend.check(tiny_dpo("torchtune", method="full", lora=None), Hardware())
+    with pytest.raises(XtrainError, match="does not train objective 'kto'"):
+        backends.check("torchtune", tiny_dpo("torchtune", objective="kto"), Hardware())
+
+
+def test_pairs_component_gives_each_answer_after_its_prompt_labelled_on_the_answer(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt_ids": [5, 6, 7], "chosen_ids": [8, 2], "rejected_ids": [9, 10, 2]},
+            {"prompt_ids": [11], "chosen_ids": [12, 2], "rejected_ids": [13, 2]}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    dataset = tt.PreparedPairs(str(tmp_path / "train.parquet"), seed=1)
+    assert len(dataset) == 2
+    for index in range(2):
+        row = rows[dataset.order[index]]
+        prompt = row["prompt_ids"]
+        assert dataset[index] == {
+            "chosen_input_ids": prompt + row["chosen_ids"], "chosen_labels": [-100] * len(prompt) + row["chosen_ids"],
+            "rejected_input_ids": prompt + row["rejected_ids"],
+            "rejected_labels": [-100] * len(prompt) + row["rejected_ids"],
+        }
+
+
+@pytest.mark.slow
+def test_torchtune_trains_dpo_from_ln2(tiny_model, tmp_path, monkeypatch):
+    # lora_dpo_single_device on the prepared pairs; its sampler draws another first batch than trl_cpu's, and at
+    # step 0 the loss is ln 2 on any batch.
+    train_tiny_dpo_with_backend("torchtune", None, tiny_model, tmp_path, monkeypatch)
 
 
 def test_steps_become_whole_epochs_or_a_cap_within_one():

@@ -39,6 +39,19 @@ def labels(ids: list[int], mask: list[int]) -> list[int]:
     return [token if keep else IGNORE_INDEX for token, keep in zip(ids, mask, strict=True)]
 
 
+def answer_row(prompt: list[int], answer: list[int]) -> tuple[list[int], list[int]]:
+    """A preference answer as one sequence after its prompt: (token ids, labels on the answer only)."""
+    return prompt + answer, [IGNORE_INDEX] * len(prompt) + answer
+
+
+def row_tokens(row: dict) -> int:
+    """The tokens a trainer reads for one prepared row: its sequence, or each answer after the prompt."""
+    if INPUT_IDS in row:
+        return len(row[INPUT_IDS])
+    answers = [row[column] for column in (CHOSEN_IDS, REJECTED_IDS, COMPLETION_IDS) if column in row]
+    return sum(len(row[PROMPT_IDS]) + len(answer) for answer in answers)
+
+
 def train_split_is_packed(prepared_dir: str | Path) -> bool:
     import pyarrow.parquet as pq
 

@@ -1,7 +1,8 @@
 """torchtune components of the `torchtune` backend; this module runs inside torchtune's own environment.
 
 The backend's config names these by `_component_` (`xtrain_backend_side.torchtune_components.…`). They let
-torchtune train on xtrain's prepared tokens (so every backend sees the same data and loss mask), give its
+torchtune train on xtrain's prepared tokens, chats or preference pairs (so every backend sees the same data and
+loss mask), give its
 recipe the pad id of the model's own tokenizer, and run the recipe's learning-rate schedule. Only the
 standard library, torch, torchtune and `xtrain_backend_side` are imported here: xtrain's stack is not in that
 environment.
@@ -18,10 +19,15 @@ import torch
 from torch.utils.data import Dataset
 
 from xtrain_backend_side.prepared import (
+    CHOSEN_IDS,
     IGNORE_INDEX,
     INPUT_IDS,
     LOSS_MASK,
+    PREFERENCE_COLUMNS,
+    PROMPT_IDS,
+    REJECTED_IDS,
     SEQ_LENGTHS,
+    answer_row,
     is_packed,
     labels,
     training_columns,
@@ -97,6 +103,31 @@ def prepared_dataset(tokenizer, path: str, packed: bool = False, seed: int = 0, 
     """torchtune instantiates datasets with the tokenizer first; the tokens are already prepared, so it
     only gives the pad id of packed rows."""
     return PreparedTokens(path, packed, seed, seq_len, tokenizer.pad_id)
+
+
+class PreparedPairs(Dataset):
+    """Pairs of xtrain's prepared `train.parquet` (train.objective dpo) as torchtune's DPO recipe collates them
+    (`padded_collate_dpo`): each answer after the prompt, labelled on the answer only; in the order of the seed, as
+    `PreparedTokens`."""
+
+    def __init__(self, path: str, seed: int = 0):
+        self.rows = pq.read_table(path, columns=list(PREFERENCE_COLUMNS["pairs"])).to_pylist()
+        self.order = row_order(len(self.rows), seed)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        row = self.rows[self.order[index]]
+        item = {}
+        for name, column in (("chosen", CHOSEN_IDS), ("rejected", REJECTED_IDS)):
+            item[f"{name}_input_ids"], item[f"{name}_labels"] = answer_row(row[PROMPT_IDS], row[column])
+        return item
+
+
+def prepared_pairs(tokenizer, path: str, seed: int = 0) -> PreparedPairs:
+    """torchtune instantiates datasets with the tokenizer first; the pairs are already tokenized."""
+    return PreparedPairs(path, seed)
 
 
 class SpecialTokens:

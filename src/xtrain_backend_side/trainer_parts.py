@@ -1,8 +1,9 @@
 """Pieces of transformers' Trainer that every backend built on it shares: timed saves, complete-checkpoint
-markers, and length grouping per optimizer step.
+markers, length grouping per optimizer step, and TRL's trainers and configs of each objective (the preference
+trainers reading the prepared tokens).
 
 The TRL backends import this module, and so does the unsloth runner in its backend's own interpreter
-(without xtrain): it imports only the standard library at load time, transformers when called.
+(without xtrain): it imports only the standard library at load time, transformers and TRL when called.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from .prepared import CHOSEN_IDS, COMPLETION_IDS, PROMPT_IDS, REJECTED_IDS, answer_row
 from .progress import progress_line
 
 # Written into checkpoint-<step>/ after the trainer has saved everything in it (weights, optimizer,
@@ -92,3 +94,56 @@ def step_grouped(trainer_class):
             return sampler
 
     return StepGrouped
+
+
+def config_class(objective: str):
+    """TRL's config class of the objective (ORPO's lives in trl.experimental)."""
+    if objective == "orpo":
+        from trl.experimental.orpo import ORPOConfig
+
+        return ORPOConfig
+    import trl
+
+    return {"sft": trl.SFTConfig, "dpo": trl.DPOConfig, "kto": trl.KTOConfig}[objective]
+
+
+def preference_trainer(objective: str):
+    """DPOTrainer, KTOTrainer or (TRL's experimental) ORPOTrainer on the rows prepare tokenized with the recipe's
+    chat template (`prompt_ids` and each answer's ids): TRL's own tokenization of text is skipped. With LoRA, the
+    reference model (DPO, KTO) is the base with the adapter disabled (no second copy); with a full fine-tune, TRL's
+    frozen copy. ORPO has none."""
+    if objective == "dpo":
+        from trl import DPOTrainer
+
+        class XtrainDPOTrainer(DPOTrainer):
+            def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+                return dataset
+
+        return XtrainDPOTrainer
+    if objective == "kto":
+        from trl import KTOTrainer
+
+        class XtrainKTOTrainer(KTOTrainer):
+            def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+                if not self.calculate_KL:
+                    return dataset
+                # KTO's KL term, as TRL estimates it: each completion paired with the previous row's prompt, per batch.
+                def shifted(rows):
+                    return {"KL_completion_ids": rows[COMPLETION_IDS][-1:] + rows[COMPLETION_IDS][:-1]}
+
+                return dataset.map(shifted, batched=True, batch_size=args.per_device_train_batch_size)
+
+        return XtrainKTOTrainer
+    from trl.experimental.orpo import ORPOTrainer
+
+    class XtrainORPOTrainer(ORPOTrainer):
+        def tokenize_row(self, feature, model=None):
+            """ORPO's row layout from the prepared tokens: each answer after the prompt, labelled on the answer."""
+            prompt = feature[PROMPT_IDS]
+            row = {"prompt_input_ids": prompt, "prompt_attention_mask": [1] * len(prompt)}
+            for name, answer in (("chosen", feature[CHOSEN_IDS]), ("rejected", feature[REJECTED_IDS])):
+                ids, labels = answer_row(prompt, answer)
+                row |= {f"{name}_input_ids": ids, f"{name}_attention_mask": [1] * len(ids), f"{name}_labels": labels}
+            return row
+
+    return XtrainORPOTrainer

@@ -1,8 +1,9 @@
 """The `unsloth` backend's trainer, run by the backend's own interpreter (.venvs/unsloth or its conda env).
 
 `python -m xtrain_backend_side.unsloth_runner job.json`: the job (written by `xtrain.backends.unsloth`) holds the model folder,
-the prepared train split, the LoRA settings and the `SFTConfig` arguments every TRL-based backend shares; this
-script loads the model with Unsloth's `FastLanguageModel`, trains with TRL's `SFTTrainer` on the prepared
+the prepared train split, the LoRA settings, the objective and the TRL config arguments every TRL-based backend
+shares; this script loads the model with Unsloth's `FastLanguageModel`, trains with TRL's `SFTTrainer` (or, for a
+preference objective, the trainer every TRL backend uses, `trainer_parts.preference_trainer`) on the prepared
 tokens, saves the weights and tokenizer into the job's `out` and writes the log history to its `result`.
 The backend's environment has Unsloth's stack, not xtrain's, so the runner imports no xtrain module; the Trainer
 pieces every backend shares come from `xtrain_backend_side.trainer_parts`.
@@ -19,12 +20,11 @@ from pathlib import Path
 from xtrain_backend_side import trainer_parts
 
 
-def sft_config(arguments: dict):
-    """`SFTConfig` from the shared arguments, which use transformers 5.24 names; this environment has an
-    older transformers, so the two renamed settings are translated, and anything else unknown is an error."""
-    from trl import SFTConfig
-
-    fields = {field.name for field in dataclasses.fields(SFTConfig)}
+def trainer_config(objective: str, arguments: dict):
+    """The objective's TRL config from the shared arguments, which use transformers 5.24 names; this environment has
+    an older transformers, so the two renamed settings are translated, and anything else unknown is an error."""
+    config_class = trainer_parts.config_class(objective)
+    fields = {field.name for field in dataclasses.fields(config_class)}
     arguments = dict(arguments)
     if "activation_checkpointing" not in fields:
         arguments["gradient_checkpointing"] = arguments.pop("activation_checkpointing")
@@ -33,9 +33,10 @@ def sft_config(arguments: dict):
     unknown = sorted(set(arguments) - fields)
     if unknown:
         raise SystemExit(
-            f"unsloth backend: this environment's SFTConfig has no {unknown}; rebuild it from envs/unsloth.yaml"
+            f"unsloth backend: this environment's {config_class.__name__} has no {unknown}; rebuild it from "
+            "envs/unsloth.yaml"
         )
-    return SFTConfig(**arguments)
+    return config_class(**arguments)
 
 
 def main(job_path: str) -> None:
@@ -72,8 +73,12 @@ def main(job_path: str) -> None:
         )
     dataset = Dataset.from_parquet(job["train_parquet"]).select_columns(job["columns"])
     # The same saves, checkpoint markers and row order per step as trl_cpu: the same seed trains on the same rows.
-    trainer = trainer_parts.step_grouped(SFTTrainer)(
-        model=model, args=sft_config(job["sft"]), train_dataset=dataset, processing_class=tokenizer,
+    # A preference trainer's reference is the model with Unsloth's adapter disabled, as in trl_cpu.
+    objective = job["objective"]
+    trainer_class = (trainer_parts.step_grouped(SFTTrainer) if objective == "sft"
+                     else trainer_parts.preference_trainer(objective))
+    trainer = trainer_class(
+        model=model, args=trainer_config(objective, job["trainer"]), train_dataset=dataset, processing_class=tokenizer,
         callbacks=[trainer_parts.save_every(job["checkpoint_seconds"]), trainer_parts.mark_complete()],
     )
     started = time.perf_counter()

@@ -1,9 +1,10 @@
 """`axolotl`: Axolotl's own trainer (`axolotl train <config>`), in the backend's own environment.
 
 The backend owns the translation recipe + plan -> Axolotl YAML (`axolotl_config`), the export of the prepared
-tokens into the pre-tokenized form Axolotl reads (input_ids / attention_mask / labels, -100 on unsupervised
-tokens), the launch, and the normalisation of Axolotl's output (trainer_state.json, the adapter or model it
-saves) into the checkpoint contract.
+tokens into the form Axolotl reads (SFT: pre-tokenized input_ids / attention_mask / labels, -100 on unsupervised
+tokens; DPO and KTO, `rl: dpo | kto`: text that TRL's trainers tokenize again, checked to give back the prepared
+ids by `preference_text`), the launch, and the normalisation of Axolotl's output (trainer_state.json, the adapter
+or model it saves) into the checkpoint contract.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import ONE_CPU_PROCESS, PLANNED_HARDWARE, SFT_ONLY, Capabilities, TrainJob, TrainResult, save_steps
+from .base import ONE_CPU_PROCESS, PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, save_steps
+from .preference_text import export_text
 
 log = logging.getLogger(__name__)
 
@@ -62,23 +64,44 @@ def cpu_precision(plan: dict[str, Any]) -> None:
                     "the step is slower than the plan predicts and keeps fp32 activations")
 
 
+def preference_config(job: TrainJob) -> dict[str, Any]:
+    """The keys of Axolotl's `rl:` trainers (TRL's DPOTrainer / KTOTrainer) for a preference objective."""
+    settings, objective = job.train.preference, job.train.objective
+    config = {
+        "rl": objective,
+        "rl_beta": settings.beta,
+        # Prepare already dropped the pairs over seq_len: one Axolotl would drop is an error, not a silent loss.
+        "excess_length_strategy": "raise",
+        # The trainer reads the text columns itself (Axolotl requires it stated for KTO; its RL default otherwise).
+        "remove_unused_columns": False,
+    }
+    if objective == "dpo":
+        config["dpo_loss_type"] = [settings.loss_type]
+    else:
+        config |= {"kto_desirable_weight": settings.desirable_weight,
+                   "kto_undesirable_weight": settings.undesirable_weight}
+    return config
+
+
 def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
     """Axolotl's YAML for the recipe's train section and the plan (every Train field is used here)."""
     train, plan, layout = job.train, job.plan, job.plan.layout
+    sft = train.objective == "sft"
     config: dict[str, Any] = {
         "base_model": str(job.model_dir.resolve()),
         "trust_remote_code": job.trust_remote_code,
-        # No `type:` -> Axolotl reads the rows as already tokenized (input_ids, attention_mask, labels).
-        "datasets": [{"path": str(dataset.resolve()), "ds_type": "parquet", "split": "train"}],
+        # No `type:` -> Axolotl reads the rows as they are: already tokenized (input_ids, attention_mask, labels) for
+        # SFT; for `rl:`, the text columns TRL's trainer reads (a preference dataset takes no ds_type: from the suffix).
+        "datasets": [{"path": str(dataset.resolve()), "split": "train"} | ({"ds_type": "parquet"} if sft else {})],
         "dataset_prepared_path": str((job.work_dir / "axolotl_prepared").resolve()),
         "val_set_size": 0.0,
         "sequence_len": plan.data.seq_len,
         "sample_packing": False,
         "pad_to_sequence_len": False,
-        # The sampler trl_cpu uses for unpacked rows: batches of similar length, shuffled by the seed. Axolotl would
-        # shuffle the rows once more while loading them; keeping prepare's order lets the same seed pick the same
-        # batches as trl_cpu.
-        "group_by_length": True,
+        # The sampler trl_cpu uses for unpacked rows: batches of similar length, shuffled by the seed (preference
+        # rows: shuffled, as trl_cpu's). Axolotl would shuffle the rows once more while loading them; keeping
+        # prepare's order lets the same seed pick the same batches as trl_cpu.
+        "group_by_length": sft,
         "shuffle_merged_datasets": False,
         "micro_batch_size": layout.micro_batch_size,
         "gradient_accumulation_steps": layout.gradient_accumulation_steps,
@@ -113,16 +136,20 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         else:
             config["lora_target_modules"] = list(lora.target_modules)
         config |= {kernel: False for kernel in CPU_OFF_KERNELS}
+    if not sft:
+        config |= preference_config(job)
     return {key: value for key, value in config.items() if value is not None}
 
 
 class Axolotl:
     name = "axolotl"
     # The CPU only, for now: its environment (envs/axolotl.yaml) is built and tested with the CPU torch. Packed
-    # rows: Axolotl's own packing cannot keep packed sequences apart on the CPU.
+    # rows: Axolotl's own packing cannot keep packed sequences apart on the CPU. ORPO: Axolotl trains it with TRL 1.9's
+    # ORPOTrainer, which tokenizes text with BOS/EOS rules of its own, not the prepared tokens.
     capabilities = Capabilities(
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
-        methods=("lora", "full"), objectives=("sft",), precisions=("fp32", "bf16"), packing=False, resume=True,
+        methods=("lora", "full"), objectives=("sft", "dpo", "kto"), precisions=("fp32", "bf16"), packing=False,
+        resume=True,
     )
     fields = {
         "train.backend": "registry",
@@ -143,13 +170,24 @@ class Axolotl:
         "train.logging_steps": "config.logging_steps",
         "train.checkpoint_minutes": "config.save_steps",
         "train.seed": "config.seed",
+        "train.objective": "config.rl",
+        "train.preference.beta": "config.rl_beta",
+        "train.preference.loss_type": "config.dpo_loss_type",
+        "train.preference.desirable_weight": "config.kto_desirable_weight",
+        "train.preference.undesirable_weight": "config.kto_undesirable_weight",
         **ONE_CPU_PROCESS,
         **PLANNED_HARDWARE,
-        **SFT_ONLY,
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        """Nothing beyond its capabilities."""
+        """TRL's preference trainers turn every dropout off (their `disable_dropout`, which Axolotl 0.19 does not
+        expose), so a LoRA dropout would be silently ignored: refused."""
+        if train.objective != "sft" and train.method == "lora" and train.lora.dropout:
+            raise XtrainError(
+                f"train.backend axolotl: train.lora.dropout {train.lora.dropout} with train.objective "
+                f"{train.objective}: Axolotl's {train.objective} trainer (TRL's) turns dropout off; set "
+                "train.lora.dropout: 0, or train.backend: trl_cpu (which keeps it)"
+            )
 
     def native(self, job: TrainJob) -> dict:
         """Axolotl's YAML, its launch and environment; the prepared tokens are exported to `dataset`."""
@@ -163,7 +201,10 @@ class Axolotl:
         cpu_precision(job.plan)
         backend_python(self.name, "axolotl")  # its environment is built
         launch = self.native(job)
-        export_tokens(job.prepared_dir, launch["dataset"])
+        if job.train.objective == "sft":
+            export_tokens(job.prepared_dir, launch["dataset"])
+        else:
+            export_text(job.prepared_dir, job.model_dir, launch["dataset"], self.name, job.trust_remote_code)
         launch["config_file"].write_text(yaml.safe_dump(launch["config"], sort_keys=False))
         run_command(launch["argv"], env=launch["env"])
         return self.normalise(job)

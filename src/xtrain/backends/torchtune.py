@@ -1,4 +1,5 @@
-"""`torchtune`: torchtune 0.6.1's single-device LoRA / full fine-tune recipes, in their own environment.
+"""`torchtune`: torchtune 0.6.1's single-device LoRA / full fine-tune recipes and its LoRA DPO recipe
+(`lora_dpo_single_device`), in their own environment.
 
 The backend translates recipe + plan into a torchtune config (the model built from the Hugging Face config's
 shape with torchtune's Llama 3.2 component builders, HF checkpoints in and out, xtrain's prepared tokens as
@@ -22,13 +23,13 @@ from typing import Any
 import yaml
 
 from xtrain_backend_side import BACKEND_SIDE_PATH
-from xtrain_backend_side.prepared import INPUT_IDS, split_file, train_split_is_packed
+from xtrain_backend_side.prepared import row_tokens, split_file, train_split_is_packed
 
 from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import PLANNED_HARDWARE, SFT_ONLY, Capabilities, TrainJob, TrainResult, grouped_lora_targets
+from .base import PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, grouped_lora_targets
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ ATTENTION = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj
 MLP = ("gate_proj", "up_proj", "down_proj")
 LORA_GROUPS = {**{name: (name,) for name in ATTENTION}, "mlp": MLP}
 DTYPE = {"fp32": "fp32", "bf16": "bf16"}
+# train.preference.loss_type -> torchtune 0.6.1's DPO losses (it has no IPO loss), and the name each gives beta.
+DPO_LOSSES = {"sigmoid": ("torchtune.rlhf.loss.DPOLoss", "beta"), "hinge": ("torchtune.rlhf.loss.RSOLoss", "gamma")}
+RECIPES = {("sft", "lora"): "lora_finetune_single_device", ("sft", "full"): "full_finetune_single_device",
+           ("dpo", "lora"): "lora_dpo_single_device"}
 # torchtune's metric log: "Step 3 | loss:6.93 lr:0.005 tokens_per_second_per_gpu:1234.5 ..."
 STEP_LINE = re.compile(r"^Step (\d+) \| (.*)$")
 
@@ -94,6 +99,29 @@ def model_component(model_dir: Path, train: Train) -> dict[str, Any]:
     }
 
 
+def dpo_loss(train: Train) -> dict[str, Any]:
+    """torchtune's loss component for the recipe's DPO settings; a loss torchtune does not have is an error."""
+    settings = train.preference
+    if settings.loss_type not in DPO_LOSSES:
+        raise XtrainError(
+            f"train.preference.loss_type {settings.loss_type!r}: torchtune 0.6.1 has DPO losses "
+            f"{' and '.join(DPO_LOSSES)} only; set train.preference.loss_type: sigmoid, or train.backend: trl_cpu"
+        )
+    component, beta = DPO_LOSSES[settings.loss_type]
+    return {"_component_": component, beta: settings.beta}
+
+
+def recipe_name(train: Train) -> str:
+    """The torchtune recipe that trains the objective with the method; one it has none for is an error."""
+    if (train.objective, train.method) not in RECIPES:
+        raise XtrainError(
+            f"train.backend torchtune trains train.objective {train.objective} with train.method lora only "
+            "(lora_dpo_single_device; its full DPO recipe runs distributed only): set train.method: lora, or "
+            "train.backend: trl_cpu"
+        )
+    return RECIPES[train.objective, train.method]
+
+
 def epochs_and_cap(total_steps: int, steps_per_epoch: int) -> tuple[int, int | None]:
     """torchtune runs whole epochs, each capped at max_steps_per_epoch: the plan's step count as
     (epochs, cap). A count that is neither at most one epoch nor whole epochs cannot be expressed."""
@@ -112,6 +140,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
     """The torchtune config for this job (device settings go on the command line: see `launch_command`)."""
     train, plan = job.train, job.plan
     layout = plan.layout
+    sft = train.objective == "sft"
     micro, accumulation = layout.micro_batch_size, layout.gradient_accumulation_steps
     # torchtune's loader drops the last partial batch, and an epoch ends after whole optimizer steps.
     steps_per_epoch = (train_rows // micro) // accumulation
@@ -125,7 +154,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
     weights = sorted(path.name for path in job.model_dir.glob("*.safetensors"))
     if not weights:
         raise XtrainError(f"{job.model_dir}: no *.safetensors weights; torchtune's HF checkpointer reads safetensors")
-    return {
+    config = {
         "output_dir": str(out),
         "model": model_component(job.model_dir, train),
         "tokenizer": {"_component_": f"{COMPONENTS}.special_tokens", "path": str(job.model_dir)},
@@ -145,7 +174,8 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
             "packed": packed,
             "seed": train.seed,
             "seq_len": plan.data.seq_len,
-        },
+        } if sft else {"_component_": f"{COMPONENTS}.prepared_pairs", "path": str(split_file(job.prepared_dir)),
+                       "seed": train.seed},
         "seed": train.seed,
         "shuffle": True,
         "batch_size": micro,
@@ -159,7 +189,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
             "schedule": train.lr_scheduler,
             "warmup_ratio": train.warmup_ratio,
         },
-        "loss": {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"},
+        "loss": {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"} if sft else dpo_loss(train),
         "epochs": epochs,
         "max_steps_per_epoch": cap,
         "gradient_accumulation_steps": accumulation,
@@ -171,6 +201,9 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
         "log_every_n_steps": 1,
         "profiler": {"_component_": "torchtune.training.setup_torch_profiler", "enabled": False},
     }
+    if not sft:
+        del config["clip_grad_norm"]  # the DPO recipe does not clip gradients (said in the log when it runs)
+    return config
 
 
 def launch_command(python: str, recipe: str, config: Path, device: str, dtype: str) -> list[str]:
@@ -281,7 +314,7 @@ class Torchtune:
     # Its single-device recipes; its environment holds a CPU/CUDA torch.
     capabilities = Capabilities(
         status="trains", accelerators=("cpu", "cuda"), max_gpus_per_node=1, max_nodes=1, max_processes=1,
-        methods=("lora", "full"), objectives=("sft",), precisions=("fp32", "bf16"), packing=True, resume=False,
+        methods=("lora", "full"), objectives=("sft", "dpo"), precisions=("fp32", "bf16"), packing=True, resume=False,
     )
     fields = {
         "train.backend": "registry",
@@ -302,17 +335,24 @@ class Torchtune:
         "train.logging_steps": "logging_steps",
         "train.checkpoint_minutes": "log: torchtune 0.6.1 saves its resumable state at the end of each epoch only",
         "train.seed": "config.seed",
+        "train.objective": "argv",
+        "train.preference.beta": "config.loss.beta",
+        "train.preference.loss_type": "config.loss._component_",
+        "train.preference.desirable_weight": "capabilities",
+        "train.preference.undesirable_weight": "capabilities",
         "hardware.accelerator": "argv",
         "hardware.gpus": "capabilities",
         "hardware.nodes": "capabilities",
         "hardware.processes": "capabilities",
         **PLANNED_HARDWARE,
-        **SFT_ONLY,
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:
+        recipe_name(train)
         if train.method == "lora":
             lora_layout(train.lora.target_modules)
+        if train.objective == "dpo":
+            dpo_loss(train)
 
     def native(self, job: TrainJob) -> dict:
         """torchtune's config, `tune run` and its environment; `train_rows`: the prepared train rows' lengths."""
@@ -320,11 +360,10 @@ class Torchtune:
 
         if job.plan.precision not in DTYPE:
             raise XtrainError(f"plan precision {job.plan.precision!r} is not supported by torchtune; re-run the plan")
-        lengths = [len(ids) for ids in pq.read_table(split_file(job.prepared_dir), columns=[INPUT_IDS])
-                   .column(INPUT_IDS).to_pylist()]
+        lengths = [row_tokens(row) for row in pq.read_table(split_file(job.prepared_dir)).to_pylist()]
         config = torchtune_config(job, len(lengths), train_split_is_packed(job.prepared_dir))
         python = backend_python("torchtune", "torchtune", must_exist=False)
-        recipe = "lora_finetune_single_device" if job.train.method == "lora" else "full_finetune_single_device"
+        recipe = recipe_name(job.train)
         device = "cuda" if job.hardware.accelerator == "cuda" else "cpu"
         config_file = job.work_dir / "torchtune.yaml"
         return {
@@ -350,6 +389,9 @@ class Torchtune:
                  "torchtune's sampler itself always shuffles with seed 0")
         log.info("train.checkpoint_minutes is not applied: torchtune 0.6.1 saves its resumable state at the end "
                  "of each epoch only; an interrupted run restarts")
+        if job.train.objective == "dpo":
+            log.warning("train.max_grad_norm %s is not applied: torchtune 0.6.1's lora_dpo_single_device recipe does "
+                        "not clip gradients", job.train.max_grad_norm)
         shutil.rmtree(job.work_dir, ignore_errors=True)  # a torchtune run starts over (see above)
         launch = self.native(job)
         config, lengths = launch["config"], launch["train_rows"]

@@ -12,18 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from xtrain_backend_side.prepared import (
-    CHOSEN_IDS,
-    COMPLETION_IDS,
-    IGNORE_INDEX,
-    PROMPT_IDS,
-    REJECTED_IDS,
-    PREFERENCE_COLUMNS,
-    split_file,
-    train_split_is_packed,
-    training_columns,
-)
-from xtrain_backend_side.trainer_parts import progress, save_every, step_grouped
+from xtrain_backend_side.prepared import PREFERENCE_COLUMNS, split_file, train_split_is_packed, training_columns
+from xtrain_backend_side.trainer_parts import config_class, preference_trainer, progress, save_every, step_grouped
 
 from ..errors import XtrainError
 from ..recipe import DATA_KINDS
@@ -63,16 +53,6 @@ TRL_FIELDS = {
 }
 
 
-def orpo_config(_):
-    from trl.experimental.orpo import ORPOConfig
-
-    return ORPOConfig
-
-
-CONFIGS = {"sft": lambda trl: trl.SFTConfig, "dpo": lambda trl: trl.DPOConfig, "kto": lambda trl: trl.KTOConfig,
-           "orpo": orpo_config}
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where one training process runs and the autocast dtype it uses there."""
@@ -102,7 +82,8 @@ def cpu_placement(plan: dict) -> Placement:
 
 
 def trainer_class(objective: str = "sft"):
-    """The TRL trainer of the objective: SFTTrainer (below), or DPOTrainer / KTOTrainer (`preference_trainer`).
+    """The TRL trainer of the objective: SFTTrainer (below), or DPOTrainer / KTOTrainer / ORPOTrainer
+    (`trainer_parts.preference_trainer`).
 
     SFTTrainer, with two changes:
 
@@ -124,39 +105,6 @@ def trainer_class(objective: str = "sft"):
             return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
     return XtrainSFTTrainer
-
-
-def preference_trainer(objective: str):
-    """DPOTrainer, KTOTrainer or (TRL's experimental) ORPOTrainer on the rows prepare tokenized with the recipe's
-    chat template (`prompt_ids` and each answer's ids): TRL's own tokenization of text is skipped. With LoRA, the
-    reference model (DPO, KTO) is the base with the adapter disabled (no second copy); with a full fine-tune, TRL's
-    frozen copy. ORPO has none."""
-    from trl import DPOTrainer, KTOTrainer
-    from trl.experimental.orpo import ORPOTrainer
-
-    class XtrainDPOTrainer(DPOTrainer):
-        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-            return dataset
-
-    class XtrainKTOTrainer(KTOTrainer):
-        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-            if not self.calculate_KL:
-                return dataset
-            # KTO's KL term, as TRL estimates it: each completion paired with the previous row's prompt, per batch.
-            return dataset.map(lambda rows: {"KL_completion_ids": rows[COMPLETION_IDS][-1:] + rows[COMPLETION_IDS][:-1]},
-                               batched=True, batch_size=args.per_device_train_batch_size)
-
-    class XtrainORPOTrainer(ORPOTrainer):
-        def tokenize_row(self, feature, model=None):
-            """ORPO's row layout from the prepared tokens: each answer after the prompt, labelled on the answer."""
-            prompt = feature[PROMPT_IDS]
-            row = {"prompt_input_ids": prompt, "prompt_attention_mask": [1] * len(prompt)}
-            for name, answer in (("chosen", feature[CHOSEN_IDS]), ("rejected", feature[REJECTED_IDS])):
-                row |= {f"{name}_input_ids": prompt + answer, f"{name}_attention_mask": [1] * (len(prompt) + len(answer)),
-                        f"{name}_labels": [IGNORE_INDEX] * len(prompt) + answer}
-            return row
-
-    return {"dpo": XtrainDPOTrainer, "kto": XtrainKTOTrainer, "orpo": XtrainORPOTrainer}[objective]
 
 
 def fsdp_settings(job: TrainJob) -> dict:
@@ -193,16 +141,26 @@ def native(job: TrainJob, placement: Placement) -> dict:
     `peft.LoraConfig`'s (None for a full fine-tune)."""
     packed = train_split_is_packed(job.prepared_dir)
     fsdp = fsdp_settings(job)
-    objective = job.train.objective
-    arguments = sft_arguments(job, placement, packed, fsdp=bool(fsdp))
     return {
         "placement": {"device": placement.device, "precision": placement.precision},
-        "objective": objective,
-        "config": (arguments if objective == "sft" else preference_arguments(job, arguments)) | fsdp,
+        "objective": job.train.objective,
+        "config": trainer_arguments(job, placement, packed, fsdp=bool(fsdp)) | fsdp,
         "peft": job.train.lora.peft_kwargs() | {"task_type": "CAUSAL_LM"} if job.train.method == "lora" else None,
-        "columns": training_columns(packed) if objective == "sft" else list(PREFERENCE_COLUMNS[DATA_KINDS[objective]]),
+        "columns": trained_columns(job.train.objective, packed),
         "save_every_seconds": job.train.checkpoint_minutes * 60,
     }
+
+
+def trainer_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool = False) -> dict:
+    """The TRL config's keyword arguments for the recipe's objective: `sft_arguments`, with `preference_arguments`
+    on top for a preference objective."""
+    arguments = sft_arguments(job, placement, packed, fsdp=fsdp)
+    return arguments if job.train.objective == "sft" else preference_arguments(job, arguments)
+
+
+def trained_columns(objective: str, packed: bool) -> list[str]:
+    """The prepared columns the objective's trainer reads."""
+    return training_columns(packed) if objective == "sft" else list(PREFERENCE_COLUMNS[DATA_KINDS[objective]])
 
 
 def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool = False) -> dict:
@@ -274,7 +232,6 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     """Train `job` in this process (one of several under torchrun, or alone) and save the weights and the
     tokenizer in `job.out` (the main process only)."""
     import torch
-    import trl
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
@@ -292,7 +249,7 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     model.config.use_cache = False
     dataset = Dataset.from_parquet(str(split_file(job.prepared_dir))).select_columns(settings["columns"])
     peft_config = LoraConfig(**settings["peft"]) if settings["peft"] else None
-    args = CONFIGS[job.train.objective](trl)(**settings["config"])
+    args = config_class(job.train.objective)(**settings["config"])
     trainer = trainer_class(job.train.objective)(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
         callbacks=callbacks(settings["save_every_seconds"]),

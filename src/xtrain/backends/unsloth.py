@@ -1,7 +1,8 @@
-"""`unsloth`: Unsloth's FastLanguageModel (+ its LoRA) trained by TRL's SFTTrainer, in the backend's own environment.
+"""`unsloth`: Unsloth's FastLanguageModel (+ its LoRA) trained by TRL's SFTTrainer, or its DPO, KTO or ORPO trainer, in
+the backend's own environment.
 
-The backend writes a JSON job (model, prepared train split, LoRA settings, and the `SFTConfig` arguments it shares
-with trl_cpu, so both backends train with the same settings on the same tokens) and launches
+The backend writes a JSON job (model, prepared train split, LoRA settings, the objective and the TRL config arguments
+it shares with trl_cpu, so both backends train with the same settings on the same tokens) and launches
 `xtrain_backend_side.unsloth_runner` with the interpreter of envs/unsloth.yaml; the runner leaves the adapter (or full model) and
 tokenizer in `job.out` and its log history in a result file.
 """
@@ -11,32 +12,35 @@ from __future__ import annotations
 from pathlib import Path
 
 from xtrain_backend_side import BACKEND_SIDE_PATH
-from xtrain_backend_side.prepared import split_file, train_split_is_packed, training_columns
+from xtrain_backend_side.prepared import split_file, train_split_is_packed
 
 from ..artifacts import read_json, write_json
 from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import ONE_CPU_PROCESS, SFT_ONLY, Capabilities, TrainJob, TrainResult
-from .trl import TRL_FIELDS, cpu_placement, sft_arguments
+from .base import ONE_CPU_PROCESS, Capabilities, TrainJob, TrainResult
+from .trl import TRL_FIELDS, cpu_placement, trained_columns, trainer_arguments
 
 RUNNER = "xtrain_backend_side.unsloth_runner"
 
 
 class Unsloth:
     name = "unsloth"
-    # The CPU only, for now: its environment (envs/unsloth.yaml) is built and tested with the CPU torch.
+    # The CPU only, for now: its environment (envs/unsloth.yaml) is built and tested with the CPU torch. On the CPU
+    # Unsloth leaves TRL's preference trainers as they are (its own patches are for GPUs).
     capabilities = Capabilities(
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
-        methods=("lora", "full"), objectives=("sft",), precisions=("fp32", "bf16"), packing=True, resume=True,
+        methods=("lora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16"), packing=True,
+        resume=True,
     )
-    # The runner hands the shared SFTConfig arguments to TRL; the model and LoRA settings to Unsloth's loader.
-    fields = {**{field: where.replace("peft.", "job.lora.").replace("config.", "job.sft.")
+    # The runner hands the shared TRL config arguments to TRL; the model and LoRA settings to Unsloth's loader.
+    fields = {**{field: where.replace("peft.", "job.lora.").replace("config.", "job.trainer.")
                  for field, where in TRL_FIELDS.items()},
+              "train.objective": "job.objective",
               "train.method": "job.method",
               "train.checkpoint_minutes": "job.checkpoint_seconds",
-              **ONE_CPU_PROCESS, **SFT_ONLY}
+              **ONE_CPU_PROCESS}
 
     def check(self, train: Train, hardware: Hardware) -> None:
         if train.method == "lora" and train.lora.target_modules == ["all-linear"]:
@@ -47,7 +51,8 @@ class Unsloth:
             )
 
     def native(self, job: TrainJob) -> dict:
-        """The runner's job description (model, prepared rows, LoRA, the shared SFTConfig arguments) and launch."""
+        """The runner's job description (model, prepared rows, LoRA, objective, the shared TRL config arguments) and
+        launch."""
         train, plan = job.train, job.plan
         packed = train_split_is_packed(job.prepared_dir)
         description, result = job.work_dir / "unsloth_job.json", job.work_dir / "unsloth_result.json"
@@ -55,14 +60,16 @@ class Unsloth:
             "job": {
                 "model_dir": str(job.model_dir.resolve()),
                 "train_parquet": str(split_file(job.prepared_dir).resolve()),
-                "columns": training_columns(packed),
+                "columns": trained_columns(train.objective, packed),
                 "seq_len": plan.data.seq_len,
                 "method": train.method,
                 "lora": train.lora.peft_kwargs() if train.method == "lora" else None,
                 "gradient_checkpointing": plan.gradient_checkpointing,
                 "seed": train.seed,
                 "trust_remote_code": job.trust_remote_code,
-                "sft": sft_arguments(job, cpu_placement(plan), packed) | {"output_dir": str(job.work_dir.resolve())},
+                "objective": train.objective,
+                "trainer": trainer_arguments(job, cpu_placement(plan), packed)
+                | {"output_dir": str(job.work_dir.resolve())},
                 "checkpoint_seconds": train.checkpoint_minutes * 60,
                 "resume_from": str(Path(job.resume_from).resolve()) if job.resume_from else None,
                 "out": str(job.out.resolve()),
