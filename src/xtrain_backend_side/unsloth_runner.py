@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from xtrain_backend_side import trainer_parts
+from xtrain_backend_side import tracking, trainer_parts
 
 
 def sft_config(arguments: dict):
@@ -72,7 +72,7 @@ def main(job_path: str) -> None:
         )
     dataset = Dataset.from_parquet(job["train_parquet"]).select_columns(job["columns"])
     # The same saves, checkpoint markers and row order per step as trl_cpu: the same seed trains on the same rows.
-    trainer = trainer_parts.step_grouped(SFTTrainer)(
+    trainer = tracking.measured(trainer_parts.step_grouped(SFTTrainer))(
         model=model, args=sft_config(job["sft"]), train_dataset=dataset, processing_class=tokenizer,
         callbacks=[trainer_parts.save_every(job["checkpoint_seconds"]), trainer_parts.mark_complete()],
     )

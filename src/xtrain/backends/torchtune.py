@@ -24,6 +24,7 @@ import yaml
 from xtrain_backend_side import BACKEND_SIDE_PATH
 from xtrain_backend_side.prepared import INPUT_IDS, split_file, train_split_is_packed
 
+from .. import tracking
 from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
@@ -166,7 +167,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
         "clip_grad_norm": train.max_grad_norm,
         "enable_activation_checkpointing": plan.gradient_checkpointing,
         "enable_activation_offloading": False,
-        "metric_logger": {"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
+        "metric_logger": tracking.torchtune_logger(job, out / "logs"),
         # Every step is logged; `log_history` averages them over train.logging_steps as the trl backends do.
         "log_every_n_steps": 1,
         "profiler": {"_component_": "torchtune.training.setup_torch_profiler", "enabled": False},
@@ -302,6 +303,8 @@ class Torchtune:
         "train.logging_steps": "logging_steps",
         "train.checkpoint_minutes": "log: torchtune 0.6.1 saves its resumable state at the end of each epoch only",
         "train.seed": "config.seed",
+        "train.report_to": "config.metric_logger.loggers",
+        "train.mlflow_tracking_uri": "config.metric_logger.loggers.mlflow.tracking_uri",
         "hardware.accelerator": "argv",
         "hardware.gpus": "capabilities",
         "hardware.nodes": "capabilities",
@@ -339,7 +342,7 @@ class Torchtune:
     def run(self, job: TrainJob) -> TrainResult:
         from xtrain_backend_side.torchtune_components import rows_trained
 
-        backend_python("torchtune", "torchtune")  # its environment is built
+        tracking.require_packages(job.train, backend_python("torchtune", "torchtune"), "envs/torchtune.yaml")
         if job.plan.precision == "bf16":
             log.info("plan precision bf16 -> torchtune dtype=bf16: torchtune holds weights and activations in "
                      "bf16 (it has no fp32-weights autocast mode)")
