@@ -9,11 +9,12 @@ STAMP := $(VENV)/.installed
 venv: $(STAMP)
 
 # .venv holds exactly envs/xtrain.lock: every package at the version it records, checked against its hashes (the
-# lock is written from the pins of envs/xtrain.yaml, also the conda env of the rules, by `make lock`).
+# lock is written from the pins of envs/xtrain.yaml, also the conda env of the rules, by `make lock`). xtrain itself
+# is built with the lock's setuptools (no build isolation), so nothing outside the lock is fetched.
 $(STAMP): envs/xtrain.lock Makefile pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip --disable-pip-version-check install --quiet --require-hashes --no-deps -r envs/xtrain.lock
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --editable .
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation --editable .
 	$(BIN)/python -m pip check
 	touch $@
 

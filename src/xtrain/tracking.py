@@ -111,7 +111,7 @@ def remove_all_but_tracking(work_dir: Path) -> None:
     """The run is complete: its trainer checkpoints go, the trackers' files stay."""
     for path in work_dir.iterdir() if work_dir.is_dir() else ():
         if path.name not in KEPT:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def axolotl_settings(job: TrainJob) -> dict:
