@@ -19,8 +19,9 @@ $(STAMP): envs/xtrain.lock Makefile pyproject.toml
 	touch $@
 
 # Rewrite envs/<name>.lock from envs/<name>.yaml (uv resolves; versions in the old lock are kept while they fit the
-# pins; delete a lock to take the newest). The main lock adds the development tools below.
-DEV_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 snakefmt==2.1.0 uv==0.13.9
+# pins; delete a lock to take the newest). The main lock adds the development tools below, and wheel, which pip
+# needs to build the lock's source-only packages (so that an offline install finds it with them).
+DEV_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 snakefmt==2.1.0 uv==0.13.9 wheel==0.48.0
 lock: venv
 	$(BIN)/python -m xtrain.envs lock envs/xtrain.yaml --with $(DEV_TOOLS)
 	for spec in envs/*.yaml; do test $$spec = envs/xtrain.yaml || $(BIN)/python -m xtrain.envs lock $$spec; done

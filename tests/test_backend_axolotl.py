@@ -99,6 +99,8 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
                    lora=Lora(r=4, alpha=8, dropout=0.1, target_modules=["q_proj", "v_proj"])),
         tiny_train(method="full", max_steps=None, epochs=2, lr_scheduler="constant"),
         tiny_train(lora=Lora(target_modules=["all-linear"])),
+        # Every tracker: Axolotl's own keys for each (xtrain.tracking.axolotl_settings).
+        tiny_train(report_to=["tensorboard", "mlflow", "wandb"], mlflow_tracking_uri="file:mlruns"),
     ]
     configs, paths = [], []
     for index, train in enumerate(trains):
@@ -117,7 +119,7 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
         for key in ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay",
                     "max_grad_norm", "seed", "sequence_len", "bf16", "gradient_checkpointing", "save_steps", "lora_r",
                     "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear", "max_steps",
-                    "warmup_ratio"):
+                    "warmup_ratio", "use_tensorboard", "use_mlflow", "mlflow_tracking_uri", "wandb_project"):
             if key in config:
                 assert cfg[key] == config[key], key
         assert cfg["num_epochs"] == train.epochs
