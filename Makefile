@@ -4,20 +4,27 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo showcase test lint docs dvc.yaml clean
+.PHONY: venv lock demo showcase test lint docs dvc.yaml clean
 
 venv: $(STAMP)
 
-# The pins live once, in envs/xtrain.yaml (also the conda env of the rules); torch goes first so that
-# pip takes the CPU build, then the rest of the pip section.
-$(STAMP): envs/xtrain.yaml Makefile pyproject.toml
+# .venv holds exactly envs/xtrain.lock: every package at the version it records, checked against its hashes (the
+# lock is written from the pins of envs/xtrain.yaml, also the conda env of the rules, by `make lock`). xtrain itself
+# is built with the lock's setuptools (no build isolation), so nothing outside the lock is fetched.
+$(STAMP): envs/xtrain.lock Makefile pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	sed -n 's/^ \{6\}- //p' envs/xtrain.yaml > $(VENV)/requirements.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements.txt pytest==9.2.0 pytest-xdist==3.8.0 snakefmt==2.1.0
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --editable .
+	$(BIN)/python -m pip --disable-pip-version-check install --quiet --require-hashes --no-deps -r envs/xtrain.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation --editable .
 	$(BIN)/python -m pip check
 	touch $@
+
+# Rewrite envs/<name>.lock from envs/<name>.yaml (uv resolves; versions in the old lock are kept while they fit the
+# pins; delete a lock to take the newest). The main lock adds the development tools below, and wheel, which pip
+# needs to build the lock's source-only packages (so that an offline install finds it with them).
+DEV_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 snakefmt==2.1.0 uv==0.13.9 wheel==0.48.0
+lock: venv
+	$(BIN)/python -m xtrain.envs lock envs/xtrain.yaml --with $(DEV_TOOLS)
+	for spec in envs/*.yaml; do test $$spec = envs/xtrain.yaml || $(BIN)/python -m xtrain.envs lock $$spec; done
 
 demo: venv
 	$(BIN)/snakemake --cores all

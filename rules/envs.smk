@@ -1,6 +1,7 @@
 rule build_backend_env:
     input:
         spec="envs/{backend}.yaml",
+        lock="envs/{backend}.lock",
     output:
         ".venvs/{backend}/ready.json",
     log:

@@ -1,4 +1,4 @@
-"""Rule build_backend_env: a backend's pinned conda spec -> the virtual environment .venvs/<backend>/."""
+"""Rule build_backend_env: a backend's lock (envs/<backend>.lock, from its spec) -> the virtual environment .venvs/<backend>/."""
 import sys
 from pathlib import Path
 

@@ -85,6 +85,13 @@ def train_tiny_recipe_with_backend(backend: str, reference: dict, tiny_model, tm
     assert first == pytest.approx(expected, rel=0.02), f"first-step loss {first} vs trl_cpu {expected}"
     report = read_json(run["report"])
     assert report["tuned_loss"] < report["base_loss"]
+    # The default train.report_to through the backend's own TensorBoard integration.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (folder,) = (run["runs"] / "tensorboard").iterdir()
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    assert [event.step for event in events.Scalars("train/loss")] == [1, 2, 3, 4]
     return metrics
 
 

@@ -175,6 +175,8 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
         tiny_dpo("axolotl", preference=Preference(beta=0.2, loss_type="hinge")),
         tiny_dpo("axolotl", objective="kto", method="full", lora=None,
                  preference=Preference(desirable_weight=1.5, undesirable_weight=0.5)),
+        # Every tracker: Axolotl's own keys for each (xtrain.tracking.axolotl_settings).
+        tiny_train(report_to=["tensorboard", "mlflow", "wandb"], mlflow_tracking_uri="file:mlruns"),
     ]
     configs, paths = [], []
     for index, train in enumerate(trains):
@@ -194,7 +196,8 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
                     "max_grad_norm", "seed", "sequence_len", "bf16", "gradient_checkpointing", "save_steps", "lora_r",
                     "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear", "max_steps",
                     "warmup_ratio", "rl_beta", "dpo_loss_type", "kto_desirable_weight", "kto_undesirable_weight",
-                    "excess_length_strategy", "group_by_length"):
+                    "excess_length_strategy", "group_by_length", "use_tensorboard", "use_mlflow", "mlflow_tracking_uri",
+                    "wandb_project"):
             if key in config:
                 assert cfg[key] == config[key], key
         assert cfg["num_epochs"] == train.epochs

@@ -39,6 +39,8 @@ TRAIN_CHANGES = {
     "preference.loss_type": {"objective": "dpo", "preference": Preference(loss_type="hinge")},
     "preference.desirable_weight": {"objective": "kto", "preference": Preference(desirable_weight=2.0)},
     "preference.undesirable_weight": {"objective": "kto", "preference": Preference(undesirable_weight=2.0)},
+    "report_to": {"report_to": ["mlflow"]},
+    "mlflow_tracking_uri": {"report_to": ["mlflow"], "mlflow_tracking_uri": "file:/tmp/mlruns"},
 }
 # (base, changed) hardware for each hardware field a backend maps into its launch.
 HARDWARE_CHANGES = {
@@ -109,10 +111,11 @@ def test_each_mapping_is_where_the_field_lands(name, tiny_model, prepared, plans
         elif where == "plan":
             slice_ = plan_reads[section]
             assert key.split(".")[0] in slice_, f"{name}: {field} is said to reach it through the plan, which does not read it"
-        elif where == "capabilities" and section == "train":  # the objective, and its settings with it
+        elif where == "capabilities" and section == "train":  # the objective or a tracker, and its settings with it
             changed = base_train.model_copy(update=TRAIN_CHANGES[key])
             reason = refusal(name, backend.capabilities, changed, base_hardware, packed=False)
-            assert reason and "train.objective" in reason, f"{name}: nothing refuses {field}"
+            refused = "train.report_to" if key == "mlflow_tracking_uri" else "train.objective"
+            assert reason and refused in reason, f"{name}: nothing refuses {field}"
         elif where == "capabilities":
             reasons = [refusal(name, backend.capabilities, base_train, hardware, packed=False)
                        for hardware in REFUSABLE[key]]

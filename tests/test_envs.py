@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
 
-from xtrain.envs import backend_python, build, pip_requirements
+from xtrain.envs import (
+    backend_python,
+    build,
+    install_command,
+    lock,
+    lock_file,
+    locked_versions,
+    normalised,
+    pip_requirements,
+    stale_pins,
+)
 from xtrain.errors import XtrainError
 
 
@@ -24,12 +38,12 @@ def test_a_spec_without_a_pip_list_is_refused(tmp_path):
         pip_requirements(spec)
 
 
-def test_a_spec_without_a_torch_pin_is_refused_before_anything_is_built(tmp_path):
+def test_a_spec_without_a_torch_pin_is_refused_before_anything_is_locked(tmp_path):
     spec = tmp_path / "backend.yaml"
     spec.write_text("dependencies:\n  - pip\n  - pip:\n      - torch\n      - trl==1.16.0\n")
     with pytest.raises(XtrainError, match="pin torch"):
-        build(spec, tmp_path / "venv")
-    assert not (tmp_path / "venv").exists()
+        lock(spec)
+    assert not lock_file(spec).exists()
 
 
 def test_a_backend_runs_here_when_this_interpreter_has_its_package():
@@ -43,3 +57,47 @@ def test_an_unbuilt_backend_environment_names_the_target_that_builds_it(tmp_path
     (tmp_path / ".venvs" / "axolotl").mkdir(parents=True)
     (tmp_path / ".venvs" / "axolotl" / "ready.json").write_text("{}")
     assert backend_python("axolotl", "a_module_that_is_not_installed") == ".venvs/axolotl/bin/python"
+
+
+SPECS = sorted((REPO / "envs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.stem)
+def test_each_lock_is_current_with_its_spec_and_pins_every_package_with_hashes(spec):
+    lock = lock_file(spec)
+    assert lock.is_file(), f"{spec} has no lock: run `make lock`"
+    assert not stale_pins(spec), f"{lock} does not hold {stale_pins(spec)} of {spec}: run `make lock`"
+    blocks = re.split(r"\n(?=[A-Za-z0-9])", lock.read_text().split("\n\n", 1)[1].strip())
+    assert all(re.match(r"\S+==\S+ \\\n(\s+--hash=sha256:[0-9a-f]{64}( \\\n)?)+$", block) for block in blocks), (
+        "every package is pinned to one version with its hashes")
+    versions = locked_versions(lock)
+    assert versions["torch"] == "2.13.0+cpu", "the CPU build, never PyPI's CUDA build"
+    assert not [name for name in versions if name.startswith(("nvidia-cu", "nvidia-nccl", "nvidia-nv"))]
+
+
+def test_make_installs_the_main_lock_with_the_command_the_backend_builder_uses():
+    makefile = (REPO / "Makefile").read_text()
+    assert "$(STAMP): envs/xtrain.lock" in makefile, "a new lock reinstalls .venv"
+    assert " ".join(install_command("$(BIN)/python", Path("envs/xtrain.lock"))) in makefile
+
+
+def test_a_backend_build_refuses_a_lock_that_does_not_hold_the_specs_pins(tmp_path):
+    spec = tmp_path / "backend.yaml"
+    spec.write_text("dependencies:\n  - pip\n  - pip:\n      - torch==2.13.0\n      - trl==1.16.0\n")
+    lock_file(spec).write_text("torch==2.13.0+cpu \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    with pytest.raises(XtrainError, match=r"backend\.lock does not hold .*\['trl==1\.16\.0'\]: run `make lock`"):
+        build(spec, tmp_path / "venv")
+    assert not (tmp_path / "venv").exists()
+
+
+def test_this_venv_holds_the_main_lock():
+    """`make venv` installed .venv from the lock (in CI, in a fresh clone): every locked package at its version.
+    bench/bench_lock_install.py times the same in a new clone, and offline."""
+    if Path(sys.prefix).resolve() != (REPO / ".venv").resolve():
+        pytest.skip(f"the tests run in {sys.prefix}, not this checkout's .venv")
+    listed = subprocess.run([sys.executable, "-m", "pip", "list", "--format=json"], check=True, capture_output=True,
+                            text=True).stdout
+    installed = {normalised(package["name"]): package["version"] for package in json.loads(listed)}
+    wrong = {name: (version, installed.get(name)) for name, version in locked_versions(REPO / "envs/xtrain.lock").items()
+             if installed.get(name) != version}
+    assert not wrong, f"locked vs installed: {wrong}; run `make venv`"

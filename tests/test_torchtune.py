@@ -81,6 +81,15 @@ def test_torchtune_trains_the_tiny_recipe_into_the_checkpoint_contract(tune_run,
     metrics = assert_checkpoint_contract(tune_run["checkpoint"], tiny_model, "torchtune")
     assert [entry["step"] for entry in metrics["loss"]] == list(range(1, STEPS + 1))
     assert metrics["tokens_seen"] > 0
+    # The default train.report_to: torchtune's TensorBoardLogger beside its DiskLogger (xtrain_backend_side.tracking),
+    # which writes new-style (tensor) scalars.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (folder,) = (tune_run["runs"] / "tensorboard").iterdir()
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    assert {"loss", "lr", "grad_norm", "tokens_per_second_per_gpu", "peak_host_memory_mib"} <= set(events.Tags()["tensors"])
+    assert [event.step for event in events.Tensors("loss")] == list(range(1, STEPS + 1))
     reference = json.loads((trl_reference["checkpoint"] / "train_metrics.json").read_text())
     # The first step's loss is the base model's loss on the first batch (the adapters start at zero). The
     # backends draw different first batches (torchtune: its sampler's seed-0 permutation over our seeded row

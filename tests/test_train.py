@@ -54,8 +54,29 @@ def test_lora_checkpoint_contract(lora_run, tiny_model):
     assert manifest["seed"] == 0 and manifest["backend"] == "trl_cpu"
     template = (checkpoint / "chat_template.jinja").read_text()
     assert template == (lora_run["prepared"] / "chat_template.jinja").read_text(), "the template trained with"
-    assert not lora_run["runs"].exists(), "trainer checkpoints are removed once the final checkpoint is written"
+    assert [path.name for path in lora_run["runs"].iterdir()] == ["tensorboard"], (
+        "trainer checkpoints are removed once the final checkpoint is written; the TensorBoard events stay")
     assert not list(checkpoint.parent.glob(".checkpoint.partial-*"))
+
+
+def test_tensorboard_events_hold_the_training_metrics(lora_run):
+    """The default train.report_to (tensorboard) leaves event files that TensorBoard's own reader reads back: the
+    loss of each logged step as train_metrics.json has it, and the learning rate, grad norm, tokens/s and memory."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (folder,) = (lora_run["runs"] / "tensorboard").iterdir()  # runs/<recipe>/tensorboard/<run key>/
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    scalars = {tag: events.Scalars(tag) for tag in events.Tags()["scalars"]}
+    for tag in ("train/loss", "train/learning_rate", "train/grad_norm", "train/tokens_per_second",
+                "train/peak_host_memory_mib"):
+        assert tag in scalars, f"{tag} not among {sorted(scalars)}"
+        assert all(math.isfinite(event.value) for event in scalars[tag])
+    metrics = json.loads((lora_run["checkpoint"] / "train_metrics.json").read_text())
+    assert [(event.step, pytest.approx(event.value, rel=1e-6)) for event in scalars["train/loss"]] == [
+        (entry["step"], entry["loss"]) for entry in metrics["loss"]]
+    assert all(event.value > 0 for event in scalars["train/tokens_per_second"])
+    assert min(event.value for event in scalars["train/peak_host_memory_mib"]) > 100  # a trainer's process, in MiB
 
 
 def test_evaluate_matches_an_independent_plain_loop(lora_run, tiny_model):

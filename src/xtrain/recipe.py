@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -259,6 +260,8 @@ class Preference(Section):
 
 
 OBJECTIVES = ("sft", "dpo", "kto", "orpo")
+# Experiment trackers train.report_to may name (transformers' integration names); `none` turns them off.
+TRACKERS = ("tensorboard", "mlflow", "wandb")
 # What each objective trains on, as prepare writes it: chats, pairs of a chosen and a rejected answer, or answers
 # labelled desirable or not. Objectives that share a kind share their prepared data.
 DATA_KINDS = {"sft": "chats", "dpo": "pairs", "orpo": "pairs", "kto": "labelled"}
@@ -296,9 +299,49 @@ class Train(Section):
         15, description="Save a resumable trainer checkpoint at least this often (and at each quarter of the run)."
     )
     seed: int = Field(0, ge=0, description="Seed for weights of new layers, dropout and data order.")
+    report_to: list[Literal[(*TRACKERS, "none")]] = Field(
+        ["tensorboard"], description="Experiment trackers the training metrics (loss, learning rate, grad norm, "
+        "tokens/s, peak memory) go to: tensorboard (event files under runs/<recipe>/tensorboard/, offline), mlflow "
+        "(train.mlflow_tracking_uri or MLFLOW_TRACKING_URI), wandb (W&B, configured by its WANDB_* variables); "
+        "`none` or [] for none. Credentials come from the environment only.",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="With report_to mlflow: a local file store (file:mlruns) or a tracking server URI "
+        "(https://host); default: MLFLOW_TRACKING_URI. No credentials in it: MLFLOW_TRACKING_USERNAME / "
+        "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN in the environment.",
+    )
 
     # Fields that decide the run's shape (memory, time, batch layout); the plan reads only these.
     SHAPE_FIELDS: ClassVar[tuple[str, ...]] = ("backend", "objective", "method", "lora", "global_batch_size", "micro_batch_size", "epochs", "max_steps")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _trackers(cls, value: Any) -> Any:
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, list):
+            return value
+        if "none" in value:
+            if value != ["none"]:
+                raise ValueError(f"`none` turns tracking off and goes alone, not with {[v for v in value if v != 'none']}")
+            return []
+        if len(set(value)) != len(value):
+            raise ValueError(f"a tracker is named twice in {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _mlflow_uri_only_with_mlflow(self) -> Train:
+        uri = self.mlflow_tracking_uri
+        if uri is None:
+            return self
+        if "mlflow" not in self.report_to:
+            raise ValueError("mlflow_tracking_uri is set but report_to does not name mlflow: add mlflow to report_to "
+                             "or remove mlflow_tracking_uri")
+        parts = urlsplit(uri)
+        if parts.username or parts.password:
+            raise ValueError("mlflow_tracking_uri carries credentials: remove them from the URI and set "
+                             "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the "
+                             "environment")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -19,7 +19,7 @@ from typing import Any
 
 from xtrain_backend_side.prepared import train_split_is_packed
 
-from . import backends
+from . import backends, tracking
 from .artifacts import atomic_dir, read_json, write_json
 from .backends import TrainJob, TrainResult
 from .backends.guards import last_complete_checkpoint
@@ -113,6 +113,7 @@ def run_training(
         log.info("resuming an interrupted run from %s", resume_from)
     with atomic_dir(out) as staging:
         job = TrainJob(model_dir, prepared_dir, plan, train, hardware, staging, run_dir, resume_from, trust_remote_code)
+        tracking.start(job)
         result = backend.run(job)
         # Whatever the backend saved, the checkpoint's template is the one the data was rendered with.
         template = prepared_dir / CHAT_TEMPLATE_FILE
@@ -147,7 +148,7 @@ def run_training(
                 "resumed_from": resume_from,
             },
         )
-    shutil.rmtree(work_dir, ignore_errors=True)  # the checkpoint is complete: nothing left to resume
+    tracking.remove_all_but_tracking(work_dir)  # the checkpoint is complete: nothing left to resume
     log.info("trained %s steps, final loss %s, %s tokens/s", metrics["steps"], metrics["final_loss"],
              metrics["tokens_per_second"])
     return metrics

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from xtrain_backend_side import trainer_parts
+from xtrain_backend_side import tracking, trainer_parts
 
 
 def trainer_config(objective: str, arguments: dict):
@@ -77,7 +77,7 @@ def main(job_path: str) -> None:
     objective = job["objective"]
     trainer_class = (trainer_parts.step_grouped(SFTTrainer) if objective == "sft"
                      else trainer_parts.preference_trainer(objective))
-    trainer = trainer_class(
+    trainer = tracking.measured(trainer_class)(
         model=model, args=trainer_config(objective, job["trainer"]), train_dataset=dataset, processing_class=tokenizer,
         callbacks=[trainer_parts.save_every(job["checkpoint_seconds"]), trainer_parts.mark_complete()],
     )

@@ -7,6 +7,7 @@ recipe's `train` and `hardware` (its declared capabilities, then its own `check`
 
 from __future__ import annotations
 
+from .. import tracking
 from ..errors import XtrainError
 from ..recipe import Hardware, Train
 from .axolotl import Axolotl
@@ -41,5 +42,6 @@ def check(name: str, train: Train, hardware: Hardware, packed: bool = False) -> 
                 and not refusal(other.name, other.capabilities, train, hardware, packed)]
         raise XtrainError(reason + (f"; backends that run these settings: {', '.join(able)}" if able else ""))
     precisions(hardware, name)  # one the device runs and the backend trains in
+    tracking.check(train)
     backend.check(train, hardware)
     return backend

@@ -18,6 +18,7 @@ import yaml
 
 from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, labels, split_file
 
+from .. import tracking
 from ..artifacts import read_json
 from ..envs import backend_python
 from ..errors import XtrainError
@@ -127,6 +128,7 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         "save_total_limit": 2,
         "save_safetensors": True,
         "resume_from_checkpoint": str(Path(job.resume_from).resolve()) if job.resume_from else None,
+        **tracking.axolotl_settings(job),
     }
     if train.method == "lora":
         lora = train.lora
@@ -175,6 +177,8 @@ class Axolotl:
         "train.preference.loss_type": "config.dpo_loss_type",
         "train.preference.desirable_weight": "config.kto_desirable_weight",
         "train.preference.undesirable_weight": "config.kto_undesirable_weight",
+        "train.report_to": "config.use_tensorboard",
+        "train.mlflow_tracking_uri": "config.mlflow_tracking_uri",
         **ONE_CPU_PROCESS,
         **PLANNED_HARDWARE,
     }
@@ -195,11 +199,11 @@ class Axolotl:
         config = job.work_dir / "axolotl.yaml"
         return {"config": axolotl_config(job, dataset), "dataset": dataset, "config_file": config,
                 "argv": [backend_python(self.name, "axolotl", must_exist=False), "-m", "axolotl.cli.train", str(config)],
-                "env": OFFLINE}
+                "env": OFFLINE | tracking.environment(job)}
 
     def run(self, job: TrainJob) -> TrainResult:
         cpu_precision(job.plan)
-        backend_python(self.name, "axolotl")  # its environment is built
+        tracking.require_packages(job.train, backend_python(self.name, "axolotl"), "envs/axolotl.yaml")
         launch = self.native(job)
         if job.train.objective == "sft":
             export_tokens(job.prepared_dir, launch["dataset"])

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 from ..errors import XtrainError
 from ..plan.schema import Plan
-from ..recipe import Hardware, Preference, Train
+from ..recipe import TRACKERS, Hardware, Preference, Train
 
 log = logging.getLogger(__name__)
 Status = Literal["trains", "translate-only"]
@@ -79,6 +79,7 @@ class Capabilities:
     precisions: tuple[str, ...]  # autocast dtypes the plan may choose for it
     packing: bool  # trains on packed rows (data.packing: true)
     resume: bool  # continues an interrupted run from its last trainer checkpoint
+    trackers: tuple[str, ...] = TRACKERS  # train.report_to values it writes to
 
 
 # Field maps most backends share: the hardware the plan sizes memory, time and resources for, and the
@@ -129,6 +130,9 @@ def refusal(name: str, can: Capabilities, train: Train, hardware: Hardware, pack
     if train.objective not in can.objectives:
         return (f"train.backend {name} does not train objective {train.objective!r} (train.objective): set "
                 f"train.objective: {' or '.join(can.objectives)}, {others}")
+    if unsupported := [tracker for tracker in train.report_to if tracker not in can.trackers]:
+        return (f"train.backend {name} cannot report to {', '.join(unsupported)} (train.report_to): it writes to "
+                f"{', '.join(can.trackers)}; remove {', '.join(unsupported)} from train.report_to, {others}")
     if packed and not can.packing:
         return f"train.backend {name} cannot train on packed rows: set data.packing: false, {others}"
     if can.status != "trains":

@@ -18,6 +18,7 @@ import yaml
 
 from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, labels, split_file, train_split_is_packed
 
+from .. import tracking
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
@@ -83,6 +84,7 @@ def experiment(job: TrainJob, name: str, packed: bool, model_preset: Path) -> di
         "recompute_granularity": "full" if plan.gradient_checkpointing else None,
         "log_interval": train.logging_steps,
         "peft": "lora" if train.method == "lora" else "none",
+        **tracking.megatron_settings(job),
     }
     if train.method == "lora":
         overrides.update(
@@ -174,7 +176,7 @@ class Primus:
     capabilities = Capabilities(
         status="translate-only", accelerators=("rocm",), max_gpus_per_node=None, max_nodes=None, max_processes=1,
         methods=("lora", "full"), objectives=("sft",), precisions=("bf16", "fp16", "fp32"), packing=True,
-        resume=False,
+        resume=False, trackers=("tensorboard", "wandb"),
     )
     fields = {
         "train.backend": "registry",
@@ -195,6 +197,8 @@ class Primus:
         "train.logging_steps": "config.modules.post_trainer.overrides.log_interval",
         "train.checkpoint_minutes": "config.modules.post_trainer.overrides.save_interval",
         "train.seed": "config.modules.post_trainer.overrides.seed",
+        "train.report_to": "config.modules.post_trainer.overrides.tensorboard_dir",
+        "train.mlflow_tracking_uri": "capabilities",
         "hardware.accelerator": "capabilities",
         "hardware.gpus": "plan",
         "hardware.nodes": "argv",

@@ -25,6 +25,7 @@ import yaml
 from xtrain_backend_side import BACKEND_SIDE_PATH
 from xtrain_backend_side.prepared import row_tokens, split_file, train_split_is_packed
 
+from .. import tracking
 from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
@@ -196,7 +197,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
         "clip_grad_norm": train.max_grad_norm,
         "enable_activation_checkpointing": plan.gradient_checkpointing,
         "enable_activation_offloading": False,
-        "metric_logger": {"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
+        "metric_logger": tracking.torchtune_logger(job, out / "logs"),
         # Every step is logged; `log_history` averages them over train.logging_steps as the trl backends do.
         "log_every_n_steps": 1,
         "profiler": {"_component_": "torchtune.training.setup_torch_profiler", "enabled": False},
@@ -340,6 +341,8 @@ class Torchtune:
         "train.preference.loss_type": "config.loss._component_",
         "train.preference.desirable_weight": "capabilities",
         "train.preference.undesirable_weight": "capabilities",
+        "train.report_to": "config.metric_logger.loggers",
+        "train.mlflow_tracking_uri": "config.metric_logger.loggers.mlflow.tracking_uri",
         "hardware.accelerator": "argv",
         "hardware.gpus": "capabilities",
         "hardware.nodes": "capabilities",
@@ -378,7 +381,7 @@ class Torchtune:
     def run(self, job: TrainJob) -> TrainResult:
         from xtrain_backend_side.torchtune_components import rows_trained
 
-        backend_python("torchtune", "torchtune")  # its environment is built
+        tracking.require_packages(job.train, backend_python("torchtune", "torchtune"), "envs/torchtune.yaml")
         if job.plan.precision == "bf16":
             log.info("plan precision bf16 -> torchtune dtype=bf16: torchtune holds weights and activations in "
                      "bf16 (it has no fp32-weights autocast mode)")

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from xtrain_backend_side.prepared import PREFERENCE_COLUMNS, split_file, train_split_is_packed, training_columns
+from xtrain_backend_side.tracking import measured
 from xtrain_backend_side.trainer_parts import config_class, preference_trainer, progress, save_every, step_grouped
 
+from .. import tracking
 from ..errors import XtrainError
 from ..recipe import DATA_KINDS
 from . import guards
@@ -49,6 +51,8 @@ TRL_FIELDS = {
     "train.logging_steps": "config.logging_steps",
     "train.checkpoint_minutes": "save_every_seconds",
     "train.seed": "config.seed",
+    "train.report_to": "config.report_to",
+    "train.mlflow_tracking_uri": "env.MLFLOW_TRACKING_URI",
     **PLANNED_HARDWARE,
 }
 
@@ -148,6 +152,7 @@ def native(job: TrainJob, placement: Placement) -> dict:
         "peft": job.train.lora.peft_kwargs() | {"task_type": "CAUSAL_LM"} if job.train.method == "lora" else None,
         "columns": trained_columns(job.train.objective, packed),
         "save_every_seconds": job.train.checkpoint_minutes * 60,
+        "env": tracking.environment(job),
     }
 
 
@@ -200,7 +205,9 @@ def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool 
         save_steps=max(1, plan.time.steps // 4),  # and every checkpoint_minutes, in callbacks()
         save_total_limit=2,
         include_num_input_tokens_seen="non_padding",
-        report_to=[],
+        # transformers' own integrations; xtrain_backend_side.tracking adds tokens/s and memory to what they record.
+        report_to=list(train.report_to),
+        run_name=tracking.recipe_name(job),
         disable_tqdm=True,
         dataloader_num_workers=0,
         # Used only under torchrun (accelerate picks gloo on the CPU, nccl/rccl on GPUs). Every parameter that
@@ -238,6 +245,7 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
 
     train, plan = job.train, job.plan
     on_cpu = placement.device == "cpu"
+    tracking.require_packages(train)
     settings = native(job, placement)
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code)
     # LoRA on a GPU holds the frozen base in 16 bits (plan weights_dtype), in the dtype autocast really uses;
@@ -250,14 +258,15 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     dataset = Dataset.from_parquet(str(split_file(job.prepared_dir))).select_columns(settings["columns"])
     peft_config = LoraConfig(**settings["peft"]) if settings["peft"] else None
     args = config_class(job.train.objective)(**settings["config"])
-    trainer = trainer_class(job.train.objective)(
-        model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
-        callbacks=callbacks(settings["save_every_seconds"]),
-    )
-    trainer.remove_callback(PrinterCallback)  # the progress callback writes each logged step instead
-    started = time.perf_counter()
-    trainer.train(resume_from_checkpoint=job.resume_from)
-    seconds = time.perf_counter() - started
+    with tracking.environment_set(settings["env"]):  # the trackers read it when the trainer starts them
+        trainer = measured(trainer_class(job.train.objective))(
+            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
+            callbacks=callbacks(settings["save_every_seconds"]),
+        )
+        trainer.remove_callback(PrinterCallback)  # the progress callback writes each logged step instead
+        started = time.perf_counter()
+        trainer.train(resume_from_checkpoint=job.resume_from)
+        seconds = time.perf_counter() - started
     log.info("trained on %s, %s autocast, %d process(es), model wrapped as %s", placement.device,
              placement.precision, args.world_size, type(trainer.model_wrapped).__name__)
     trainer.save_model(str(job.out))  # the main process writes; under FSDP every rank helps gather

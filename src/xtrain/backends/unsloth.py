@@ -14,6 +14,7 @@ from pathlib import Path
 from xtrain_backend_side import BACKEND_SIDE_PATH
 from xtrain_backend_side.prepared import split_file, train_split_is_packed
 
+from .. import tracking
 from ..artifacts import read_json, write_json
 from ..envs import backend_python
 from ..errors import XtrainError
@@ -77,11 +78,11 @@ class Unsloth:
             },
             "job_file": description,
             "argv": [backend_python(self.name, "unsloth", must_exist=False), "-m", RUNNER, str(description)],
-            "env": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": BACKEND_SIDE_PATH},
+            "env": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": BACKEND_SIDE_PATH, **tracking.environment(job)},
         }
 
     def run(self, job: TrainJob) -> TrainResult:
-        backend_python(self.name, "unsloth")  # its environment is built
+        tracking.require_packages(job.train, backend_python(self.name, "unsloth"), "envs/unsloth.yaml")
         launch = self.native(job)
         job.work_dir.mkdir(parents=True, exist_ok=True)
         result = Path(launch["job"]["result"])
