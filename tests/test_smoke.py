@@ -5,7 +5,6 @@ and the failures it must catch, each at its step with the message the full run g
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
