@@ -167,8 +167,7 @@ def measure_seconds(model_dir: Path, objective: str, method: str, checkpointing:
 
     torch.manual_seed(0)
     seconds = []
-    run_steps(model_dir, objective, method, checkpointing, seq_len, precision, 5, on_step=seconds.append,
-              reference=reference_copy(model_dir, objective, method))
+    run_steps(model_dir, objective, method, checkpointing, seq_len, precision, 5, on_step=seconds.append)
     return {"step_seconds": statistics.median(seconds[1:])}
 
 
@@ -177,6 +176,7 @@ def run_steps(model_dir, objective, method, checkpointing, seq_len, precision, s
     import torch
 
     model = model or load(model_dir, method, checkpointing)
+    reference = reference or reference_copy(model_dir, objective, method)
     rows = BATCH * (2 if objective == "dpo" else 1)  # a DPO pair is two sequences
     ids = torch.randint(0, model.config.vocab_size, (rows, seq_len))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=False)
