@@ -1,7 +1,7 @@
 """How right is the plan? Predicted vs measured peak memory and step time on this CPU, and plan vs TRL defaults.
 
     .venv/bin/python bench/bench_plan.py          # ~15 min on 2 cores; prints the tables for BENCHMARKS.md
-    .venv/bin/python bench/bench_plan.py --dpo    # only the DPO rows (~5 min)
+    .venv/bin/python bench/bench_plan.py --dpo    # only the DPO rows and DPO's speed against TRL's defaults
 
 Two models built offline with random weights: the demo's tiny Llama (0.37M parameters) and a 27M Llama
 (hidden 512, 6 layers, vocab 16384). Each configuration runs in its own process so that memory is
@@ -223,36 +223,41 @@ def error(predicted: float, measured: float) -> str:
     return f"{100 * (predicted / measured - 1):+.1f}%"
 
 
-def plan_vs_trl_defaults(model_dir: Path) -> list[str]:
-    """Tokens/s of the plan's settings against TRL's defaults (bf16 autocast + checkpointing), same harness."""
+def plan_vs_trl_defaults(model_dir: Path, objective: str = "sft", methods=("lora", "full")) -> list[str]:
+    """Tokens/s of the plan's settings against TRL's defaults (bf16 autocast + checkpointing), same harness; for DPO,
+    BATCH pairs a step (the reference forward included)."""
     import torch
 
     from xtrain.plan import make_plan
-    from xtrain.recipe import Hardware, Train
+    from xtrain.recipe import DATA_KINDS, Hardware, Train
 
-    seq_len = 512
-    split = {"rows": 64, "tokens": 64 * seq_len, "supervised_tokens": 64 * seq_len // 3, "max_len": seq_len}
-    manifest = {"seq_len": seq_len, "splits": {"train": split, "eval": split}, "fingerprint": "bench"}
+    seq_len, sequences = 512, 2 if objective == "dpo" else 1
+    split = {"rows": 64, "tokens": 64 * sequences * seq_len, "supervised_tokens": 64 * seq_len // 3, "max_len": seq_len,
+             "sequences_per_row": sequences}
+    manifest = {"seq_len": seq_len, "splits": {"train": split, "eval": split}, "fingerprint": "bench",
+                **({"data_kind": DATA_KINDS[objective]} if objective != "sft" else {})}
     rows = []
-    for method in ("lora", "full"):
-        plan = make_plan(model_dir, manifest, Train(method=method, global_batch_size=BATCH), Hardware())
+    for method in methods:
+        plan = make_plan(model_dir, manifest, Train(method=method, objective=objective, global_batch_size=BATCH),
+                         Hardware())
         chosen = (plan.precision, plan.gradient_checkpointing, plan.layout.micro_batch_size)
         settings = {"plan": chosen, "TRL defaults": ("bf16", True, BATCH)}
         runs = {name: [] for name in settings}
         models = {name: load(model_dir, method, ckpt) for name, (_, ckpt, _) in settings.items()}
+        references = {name: reference_copy(model_dir, objective, method) for name in settings}
         optimizers = {name: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad])
                       for name, m in models.items()}
         for round_ in range(4):  # alternate, so both see the same machine load
             for name, (precision, _, micro) in settings.items():
-                ids = torch.randint(0, models[name].config.vocab_size, (micro, seq_len))
+                ids = torch.randint(0, models[name].config.vocab_size, (micro * sequences, seq_len))
                 started = time.perf_counter()
                 for _ in range(BATCH // micro):
-                    training_step(models[name], optimizers[name], ids, precision)
+                    training_step(models[name], optimizers[name], ids, precision, objective, references[name])
                 if round_:
-                    runs[name].append(BATCH * seq_len / (time.perf_counter() - started))
+                    runs[name].append(BATCH * sequences * seq_len / (time.perf_counter() - started))
         speed = {name: statistics.median(values) for name, values in runs.items()}
-        rows.append(f"| 27M {method}, seq {seq_len}, batch {BATCH} | {chosen[0]}, checkpointing {chosen[1]}, "
-                    f"micro {chosen[2]} | {speed['plan']:.0f} | {speed['TRL defaults']:.0f} | "
+        rows.append(f"| 27M {objective} {method}, seq {seq_len}, batch {BATCH} | {chosen[0]}, checkpointing "
+                    f"{chosen[1]}, micro {chosen[2]} | {speed['plan']:.0f} | {speed['TRL defaults']:.0f} | "
                     f"**{speed['plan'] / speed['TRL defaults']:.2f}×** |")
     return rows
 
@@ -277,10 +282,11 @@ def main() -> None:
                   f"{guess['analytical'] / MIB:.1f} ({error(guess['analytical'], real['rss_growth'])}) | "
                   f"{real['step_seconds']:.3f} | {guess['step_seconds']:.3f} "
                   f"({error(guess['step_seconds'], real['step_seconds'])}) |", flush=True)
+        print("\n| run | plan's settings | plan tokens/s | TRL defaults tokens/s | speed-up |")
+        print("| --- | --- | --- | --- | --- |")
         if grid is not DPO_GRID:
-            print("\n| run | plan's settings | plan tokens/s | TRL defaults tokens/s | speed-up |")
-            print("| --- | --- | --- | --- | --- |")
             print("\n".join(plan_vs_trl_defaults(models["27m"])))
+        print("\n".join(plan_vs_trl_defaults(models["27m"], "dpo", methods=("lora",))))
     print(f"\n(bench took {time.time() - started:.0f} s)")
 
 
