@@ -88,9 +88,9 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
 
 def smoke_failure(tmp_path: Path, tiny_model: Path, recipe: dict, template: str | None = None,
                   data: Path | None = None, **config) -> tuple[str, dict]:
-    """Smoke-test `recipe` on the 8B-shaped model (its config updated with `config`); the error it fails with,
-    and the recipe."""
-    model = llama8b_folder(tiny_model, tmp_path / "llama8b", template, **config)
+    """Smoke-test `recipe` on the 8B-shaped model (its config updated with `config`; the vocabulary cut to the test
+    tokenizer's size, so the steps after a failure run in seconds); the error it fails with, and the recipe."""
+    model = llama8b_folder(tiny_model, tmp_path / "llama8b", template, **{"vocab_size": 2048, **config})
     recipe = {**recipe, "model": {"path": str(model)}}
     if data is not None:
         recipe["data"] = {**recipe["data"], "sources": [{"path": str(data)}]}
@@ -128,10 +128,10 @@ def test_a_lora_target_the_model_lacks_fails_at_plan_and_train(tmp_path, tiny_mo
 
 
 def test_a_plan_that_does_not_fit_the_gpu_fails_at_plan_with_the_fixes(tmp_path, tiny_model):
-    """Full fine-tuning of a 2-layer cut of the 8B model (1.5B parameters, ~24 GiB of weights, gradients and
-    optimizer states) on a 16 GiB partition of an H100; 2 layers, as the plan's trace of 32 takes minutes here."""
+    """Full fine-tuning of a 2-layer cut of the 8B model (0.45B parameters, ~7 GiB of weights, gradients and
+    optimizer states) on a 4 GiB partition of an H100; 2 layers, as the plan's trace of 32 takes minutes here."""
     recipe = {**RECIPE, "train": {**RECIPE["train"], "method": "full", "global_batch_size": 8},
-              "hardware": {"accelerator": "cuda", "gpus": 1, "gpu_model": "h100", "gpu_memory_gb": 16}}
+              "hardware": {"accelerator": "cuda", "gpus": 1, "gpu_model": "h100", "gpu_memory_gb": 4}}
     error, _ = smoke_failure(tmp_path, tiny_model, recipe, num_hidden_layers=2)
     assert error.startswith("smoke test of recipes/r.yaml failed at plan: the run does not fit: ")
     assert "over h100" in error and "train.method: lora" in error

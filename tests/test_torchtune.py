@@ -306,7 +306,7 @@ def test_a_non_finite_loss_stops_the_backend_before_any_checkpoint(tiny_model, p
     """torchtune itself steps on NaN gradients; the backend reads its log and refuses to export."""
     from xtrain.plan import make_plan
 
-    train = Train(backend="torchtune", global_batch_size=4, max_steps=2, logging_steps=1)
+    train = Train(backend="torchtune", global_batch_size=4, max_steps=2, logging_steps=1, report_to=[])  # no tracker: python has none
     plan = make_plan(tiny_model, read_json(packed_prepared / "manifest.json"), train, Hardware())
     job = TrainJob(tiny_model, packed_prepared, plan, train, Hardware(), tmp_path / "out", tmp_path / "runs", None)
 
