@@ -128,8 +128,9 @@ def model_card(*, recipe: str, base_model: str, backend: str, train: dict[str, A
         f"eval split: {eval_split['rows']} rows. Fingerprint `{data['fingerprint']}`.", "",
         "| source | format | rows | kept | dropped |", "| --- | --- | --- | --- | --- |", sources, "",
         "## Training", "",
-        f"{metrics['steps']} optimizer steps, {metrics['tokens_seen']} tokens, final loss {figure(metrics['final_loss']) or 'n/a'}, "
-        f"{metrics['tokens_per_second']} tokens/s, {metrics['wall_seconds']} s.", "",
+        f"{metrics['steps']} optimizer steps, {metrics['tokens_seen']} tokens, final loss "
+        f"{figure(metrics['final_loss']) or 'n/a'} (time and speed: `train_metrics.json`; the card holds only what "
+        "a rebuild reproduces).", "",
         "```yaml", yaml.safe_dump({"train": train, "hardware": hardware}, sort_keys=False).strip(), "```", "",
         "## Evaluation", "", *evaluation_lines, "",
     ]
