@@ -56,7 +56,8 @@ def evaluation_section(recipe: str, evaluation: dict[str, Any] | None) -> tuple[
     checkpoint's card is written before the evaluate stage runs), a pointer to where it will be."""
     if evaluation is None:
         return {}, [f"Base vs tuned on the held-out split: `reports/{recipe}/eval.json` and `reports/{recipe}/report.html` "
-                    "(written after this checkpoint, by the evaluate stage; `exports/{recipe}/README.md` carries them)."]
+                    "(written after this checkpoint, by the evaluate stage; with an `export:` section, the export's card "
+                    "carries them)."]
     names = sorted({key.removeprefix("tuned_") for key in evaluation if key.startswith("tuned_")})
     rows = [f"| {name} | {figure(evaluation.get(f'base_{name}'))} | {figure(evaluation[f'tuned_{name}'])} |"
             for name in names]
