@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -74,6 +75,26 @@ def test_complete_build_has_every_target(project):
         for stage in ("prepare", "train", "evaluate"):  # each job's measured time and peak memory
             header = (project / f"benchmarks/{recipe}/{stage}.tsv").read_text().splitlines()[0].split("\t")
             assert header[:2] == ["s", "h:m:s"] and "max_rss" in header
+
+
+# Files that record time and speed: the only outputs two builds of the same inputs may differ in.
+TIMED = ("train_metrics.json", "report.html")
+
+
+def test_a_second_copy_of_the_project_builds_the_same_bytes(project, tmp_path):
+    """Identical rebuilds: the smaller recipe built again in a fresh copy of the project gives byte-identical
+    outputs (the demo model, prepared data, plan, checkpoint, evaluation, plots) except the files of TIMED."""
+    again = copy_workflow(tmp_path, {"second": SECOND})
+    (again / "data/second").mkdir()
+    shutil.copyfile(project / "data/second/chat.jsonl", again / "data/second/chat.jsonl")
+    snakemake(again, "--cores", "2")
+    folders = ("models/tiny-llama", "prepared/second", "plans/second", "checkpoints/second", "reports/second")
+    files = sorted(path.relative_to(again) for folder in folders for path in (again / folder).rglob("*")
+                   if path.is_file() and path.name not in TIMED)
+    assert len(files) > 20 and {p.relative_to(project) for folder in folders
+                                for p in (project / folder).rglob("*") if p.is_file() and p.name not in TIMED} == set(files)
+    differ = [str(path) for path in files if (again / path).read_bytes() != (project / path).read_bytes()]
+    assert differ == [], f"differ between two builds: {differ}"
 
 
 def test_nothing_to_do_after_complete_build(project):
