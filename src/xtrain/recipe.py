@@ -618,6 +618,7 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
     trust = {"model": {"trust_remote_code": True}} if recipe.model.trust_remote_code else {}
     kind = DATA_KINDS[recipe.train.objective]
     preference = {"data_kind": kind} if kind != "chats" else {}
+    up_to_evaluation = {k: v for k, v in dump.items() if k != "export"}  # the export section is export's alone
     slices = {
         # A preference objective decides what the data is (pairs, labelled answers) and how it is prepared; SFT
         # recipes' slices stay as they were, so their prepared data is not rebuilt (nor DPO's for ORPO).
@@ -634,9 +635,9 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
         # train and hardware go into the export's model card; editing them retrains, so they add no rerun.
         "export": {"export": dump["export"], "train": dump["train"], "hardware": dump["hardware"], **trust},
         # The report shows the recipe up to evaluation; the export section is the export stage's alone.
-        "report": {k: v for k, v in dump.items() if k != "export"},
+        "report": up_to_evaluation,
         # The smoke test rehearses the recipe up to evaluation (prepare, plan, launch, train, evaluate).
-        "smoke": {k: v for k, v in dump.items() if k != "export"},
+        "smoke": up_to_evaluation,
     }
     return slices[stage]
 
