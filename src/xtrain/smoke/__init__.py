@@ -124,7 +124,8 @@ def smoke(*, recipe: Recipe, name: str, model_dir: Path, sources: list[Path], ou
         def prepare_sample():
             manifest.update(prepare(sources, model_dir, recipe.data, prepared, trust, kind, limit=SAMPLE_ROWS))
             train = manifest["splits"]["train"]
-            return {"rows": train["rows"], "tokens": train["tokens"], "masking": manifest.get("masking"),
+            return {"sample_rows_per_source": SAMPLE_ROWS, "rows": train["rows"], "tokens": train["tokens"],
+                    "masking": manifest.get("masking"),
                     "sources": {n: {"kept": s["kept"], "dropped": dict(s["dropped"])}
                                 for n, s in manifest["sources"].items()}}
 

@@ -29,6 +29,12 @@ def report_markdown(summary: dict[str, Any], recipe: Recipe) -> str:
     rows = [f"| {r['step']} | {r['status']} | {r['seconds']} s | {r.get('error', '')} |" for r in summary["steps"]]
     lines = [f"# Smoke test of recipes/{summary['recipe']}.yaml: {summary['verdict'].upper()}", "",
              "| step | result | time | error |", "| --- | --- | --- | --- |", *rows, ""]
+    if steps.get("prepare", {}).get("status") == "passed":  # the sample, and what prepare dropped from it
+        prepare = steps["prepare"]
+        lines += [f"Prepared each source's first {prepare['sample_rows_per_source']} rows only (the full run reads "
+                  "all): " + "; ".join(f"`{name}` kept {stats['kept']}, dropped "
+                                       f"{', '.join(f'{r} {n}' for r, n in stats['dropped'].items()) or 'none'}"
+                                       for name, stats in prepare["sources"].items()) + ".", ""]
     if steps.get("plan", {}).get("status") == "passed":
         lines += ["## The real run's plan", "", *plan_lines(steps["plan"], recipe), ""]
     if steps.get("launch", {}).get("status") == "passed":
