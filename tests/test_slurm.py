@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, copy_workflow, snakemake
+from conftest import HANG_SECONDS, REPO, SNAKEMAKE, copy_workflow, snakemake
 from slurm_cluster import Cluster, show_jobs
 
 from xtrain.plan import read_plan
+from xtrain_backend_side.trainer_parts import COMPLETE_MARKER
 
 pytestmark = pytest.mark.slow
 
@@ -51,8 +54,7 @@ def test_demo_checkpoint_through_sbatch_asks_for_what_the_plan_says(cluster, tmp
     assert "gres/gpu" not in train.get("TRES", ""), "a CPU plan asks for no GPU"
 
 
-# About 130 s of training on an idle 2-core machine (~30 steps/s), so a one-minute time limit stops it
-# part-way; a resumable trainer checkpoint every 6 s bounds the work the kill costs.
+# About 130 s of training on an idle 2-core machine (~30 steps/s); a resumable trainer checkpoint every 6 s.
 LONG = """
 model: {path: models/tiny-llama}
 data:
@@ -63,18 +65,43 @@ train: {max_steps: 4000, global_batch_size: 16, learning_rate: 1.0e-3, logging_s
 
 
 def latest_checkpoint_step(root: Path) -> int:
-    return max((int(p.name.split("-")[1]) for p in root.glob("runs/long/*/checkpoint-*")), default=0)
+    """The newest completely saved trainer checkpoint (the one a rerun resumes from), 0 when none is."""
+    return max((int(p.parent.name.split("-")[1]) for p in root.glob(f"runs/long/*/checkpoint-*/{COMPLETE_MARKER}")),
+               default=0)
+
+
+def run_until_a_checkpoint_then_time_out(root: Path, command: tuple[str, ...]) -> tuple[int, str]:
+    """Start the run with an hour's limit, and once a trainer checkpoint is complete cut the job's limit to one
+    minute: Slurm kills it for TIMEOUT with something to resume from, however slow the machine is. (A one-minute
+    limit from the start kills a start slowed by a CPU hog before any checkpoint.)"""
+    log = root / "snakemake-killed.log"
+    with log.open("w") as output:
+        process = subprocess.Popen([SNAKEMAKE, *command, "--set-resources", "train:runtime=60"], cwd=root,
+                                   stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + HANG_SECONDS
+            while latest_checkpoint_step(root) == 0:
+                assert process.poll() is None, f"the run ended before its first checkpoint:\n{log.read_text()}"
+                assert time.monotonic() < deadline, "no trainer checkpoint within HANG_SECONDS"
+                time.sleep(0.5)
+            train = next(job for job in show_jobs() if job["Comment"] == "rule_train_wildcards_long")
+            subprocess.run(["scontrol", "update", f"JobId={train['JobId']}", "TimeLimit=1"], check=True)
+            returncode = process.wait(timeout=HANG_SECONDS)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    return returncode, log.read_text()
 
 
 def test_time_limit_is_reported_and_the_rerun_resumes_from_the_last_trainer_checkpoint(cluster, tmp_path):
     root = copy_workflow(tmp_path, {"long": LONG})
     command = ("--profile", "profiles/slurm", "checkpoints/long", *NO_ACCOUNTING)
-    killed = snakemake(root, *command, "--set-resources", "train:runtime=1", check=False)
+    returncode, output = run_until_a_checkpoint_then_time_out(root, command)
 
-    assert killed.returncode != 0, "the run was meant to outlast its one-minute limit"
+    assert returncode != 0, "the run was meant to outlast its one-minute limit"
     train = next(job for job in show_jobs() if job["Comment"] == "rule_train_wildcards_long")
     assert train["JobState"] == "TIMEOUT"
-    assert "TIMEOUT" in killed.stdout + killed.stderr, "Snakemake's report names the cause"
+    assert "TIMEOUT" in output, "Snakemake's report names the cause"
     assert not (root / "checkpoints/long").exists(), "no half-written checkpoint"
     saved = latest_checkpoint_step(root)
     assert 0 < saved < 4000
