@@ -11,8 +11,9 @@ from checkpoint_contract import assert_checkpoint_contract
 from conftest import build_run, sample_plan
 
 from xtrain import backends
+from xtrain.backends.distributed import first_host, torchrun_command
 from xtrain.backends.trl import cpu_placement
-from xtrain.backends.trl_local import first_host, found_device, torchrun_command
+from xtrain.backends.trl_local import TrlLocal, found_device
 from xtrain.errors import XtrainError
 from xtrain.plan import read_plan
 from xtrain.recipe import Hardware, RecipeError, Train, parse_recipe
@@ -21,7 +22,7 @@ SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST
 
 
 def test_one_node_launches_a_standalone_torchrun_with_one_worker_per_process():
-    command = torchrun_command("/env/bin/python", Hardware(processes=2), Path("/runs/job.json"), {})
+    command = torchrun_command("/env/bin/python", Hardware(processes=2), TrlLocal.worker(Path("/runs/job.json")), {})
     assert command == [
         "/env/bin/python", "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
         "-m", "xtrain.backends.trl_local", "/runs/job.json",
@@ -30,7 +31,8 @@ def test_one_node_launches_a_standalone_torchrun_with_one_worker_per_process():
 
 def test_several_nodes_launch_one_torchrun_per_node_under_srun_with_the_slurm_rendezvous():
     hardware = Hardware(accelerator="cuda", gpus=4, nodes=2)
-    command = torchrun_command("/env/bin/python", hardware, Path("/runs/job.json"), {**SLURM, "MASTER_PORT": "29611"})
+    worker = TrlLocal.worker(Path("/runs/job.json"))
+    command = torchrun_command("/env/bin/python", hardware, worker, {**SLURM, "MASTER_PORT": "29611"})
     assert command == [
         "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1",
         "/env/bin/python", "-m", "torch.distributed.run", "--nproc-per-node=4",
@@ -49,9 +51,9 @@ def test_the_rendezvous_host_is_the_first_of_the_slurm_node_list(nodelist, host)
 def test_several_nodes_need_a_slurm_allocation_of_that_many_nodes():
     hardware = Hardware(accelerator="cuda", gpus=8, nodes=2)
     with pytest.raises(XtrainError, match="from inside a Slurm allocation of 2 nodes"):
-        torchrun_command("python", hardware, Path("job.json"), {})
+        torchrun_command("python", hardware, TrlLocal.worker(Path("job.json")), {})
     with pytest.raises(XtrainError, match="hardware.nodes is 2 but Slurm job 4242 has 3 node"):
-        torchrun_command("python", hardware, Path("job.json"), {**SLURM, "SLURM_JOB_NUM_NODES": "3"})
+        torchrun_command("python", hardware, TrlLocal.worker(Path("job.json")), {**SLURM, "SLURM_JOB_NUM_NODES": "3"})
 
 
 def test_a_plan_the_cpu_cannot_run_is_refused_before_launch():

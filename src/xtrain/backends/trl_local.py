@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -27,11 +26,11 @@ from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
 from .base import Capabilities, TrainJob, TrainResult
+from .distributed import cpu_threads, slurm_placeholders, torchrun_command
 from .trl import TRL_FIELDS, Device, Placement, cpu_placement, native, train_and_save
 
 log = logging.getLogger(__name__)
 
-RENDEZVOUS_PORT = 29500  # torchrun's default; MASTER_PORT overrides it
 JOB_FILE, RESULT_FILE = "trl_local_job.json", "trl_local_result.json"
 
 
@@ -81,51 +80,6 @@ def placement(plan: dict, hardware: Hardware) -> Placement:
     return cpu_placement(plan) if device == "cpu" else gpu_placement(plan, device)
 
 
-def check_nodes(hardware: Hardware, env: dict[str, str]) -> None:
-    """Several nodes are reached through the Slurm allocation this job runs in, which must have them."""
-    if hardware.nodes == 1:
-        return
-    if "SLURM_JOB_ID" not in env:
-        raise XtrainError(
-            f"hardware.nodes is {hardware.nodes}: a multi-node run starts from inside a Slurm allocation of "
-            f"{hardware.nodes} nodes (snakemake --profile profiles/slurm); SLURM_JOB_ID is not set here"
-        )
-    allocated = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 0)
-    if allocated != hardware.nodes:
-        raise XtrainError(
-            f"hardware.nodes is {hardware.nodes} but Slurm job {env['SLURM_JOB_ID']} has {allocated} node(s): "
-            "ask for the recipe's node count (the plan's resources.nodes) or change hardware.nodes"
-        )
-
-
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm node list: `gpu[03-05,09],cpu1` -> `gpu03`."""
-    match = re.match(r"([^,\[]+)(?:\[([^\],-]+))?", nodelist.strip())
-    if not match:
-        raise XtrainError(f"cannot read the Slurm node list {nodelist!r} (SLURM_JOB_NODELIST)")
-    return match.group(1) + (match.group(2) or "")
-
-
-def torchrun_command(python: str, hardware: Hardware, job_file: Path, env: dict[str, str]) -> list[str]:
-    """The launch command: torchrun with one worker per device of a node; on several nodes, under `srun`
-    (one torchrun per node) with a c10d rendezvous on the allocation's first host."""
-    torchrun = [python, "-m", "torch.distributed.run", f"--nproc-per-node={hardware.processes_per_node}"]
-    worker = ["-m", __name__, str(job_file)]
-    if hardware.nodes == 1:
-        return [*torchrun, "--standalone", *worker]  # a free local port: runs side by side do not collide
-    check_nodes(hardware, env)
-    endpoint = f"{first_host(env['SLURM_JOB_NODELIST'])}:{env.get('MASTER_PORT', RENDEZVOUS_PORT)}"
-    srun = [
-        "srun", f"--nodes={hardware.nodes}", f"--ntasks={hardware.nodes}", "--ntasks-per-node=1",
-        # The Snakemake job itself runs in an `srun -n1` step holding the first node's cores.
-        "--overlap", "--kill-on-bad-exit=1",
-    ]
-    return [
-        *srun, *torchrun, f"--nnodes={hardware.nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={env['SLURM_JOB_ID']}", *worker,
-    ]
-
-
 def write_job(job: TrainJob, path: Path) -> None:
     path.write_text(json.dumps(job.to_json(), indent=1))
 
@@ -161,11 +115,14 @@ class TrlLocal:
         hardware = job.hardware
         where = (cpu_placement(job.plan) if hardware.accelerator == "cpu"
                  else Placement(hardware.accelerator, job.plan.precision))
-        env = {"SLURM_JOB_ID": "$SLURM_JOB_ID", "SLURM_JOB_NUM_NODES": str(hardware.nodes),
-               "SLURM_JOB_NODELIST": "$SLURM_JOB_NODELIST"} if hardware.nodes > 1 else {}
         argv = (None if hardware.devices == 1 and hardware.accelerator == "cpu" else
-                torchrun_command(backend_python(self.name, "trl"), hardware, job.work_dir / JOB_FILE, env))
+                torchrun_command(backend_python(self.name, "trl"), hardware, self.worker(job.work_dir / JOB_FILE),
+                                 slurm_placeholders(hardware)))
         return native(job, where) | {"argv": argv}
+
+    @staticmethod
+    def worker(job_file: Path) -> list[str]:
+        return ["-m", __name__, str(job_file)]
 
     def run(self, job: TrainJob) -> TrainResult:
         hardware = job.hardware
@@ -179,12 +136,9 @@ class TrlLocal:
         job_file, result_file = job.work_dir / JOB_FILE, job.work_dir / RESULT_FILE
         result_file.unlink(missing_ok=True)
         write_job(job, job_file)
-        env = {}
-        if device == "cpu":
-            # torchrun would give each worker one thread; they share the job's cores instead.
-            env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // hardware.processes))
         python = backend_python(self.name, "trl")
-        run_command(torchrun_command(python, hardware, job_file, dict(os.environ)), env=env)
+        run_command(torchrun_command(python, hardware, self.worker(job_file), dict(os.environ)),
+                    env=cpu_threads(hardware) if device == "cpu" else {})
         if not result_file.is_file():
             raise XtrainError(f"the trl_local workers exited without writing {result_file}; see the log above")
         result = json.loads(result_file.read_text())

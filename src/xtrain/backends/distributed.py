@@ -1,0 +1,73 @@
+"""Launching a training program as one process per device: torchrun on one node, `srun` + torchrun with a c10d
+rendezvous on several (inside the Slurm allocation the train job runs in). Shared by every backend whose
+framework trains under torchrun (trl_local's workers, Axolotl's CLI).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ..errors import XtrainError
+from ..recipe import Hardware
+
+RENDEZVOUS_PORT = 29500  # torchrun's default; MASTER_PORT overrides it
+
+
+def check_nodes(hardware: Hardware, env: dict[str, str]) -> None:
+    """Several nodes are reached through the Slurm allocation this job runs in, which must have them."""
+    if hardware.nodes == 1:
+        return
+    if "SLURM_JOB_ID" not in env:
+        raise XtrainError(
+            f"hardware.nodes is {hardware.nodes}: a multi-node run starts from inside a Slurm allocation of "
+            f"{hardware.nodes} nodes (snakemake --profile profiles/slurm); SLURM_JOB_ID is not set here"
+        )
+    allocated = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 0)
+    if allocated != hardware.nodes:
+        raise XtrainError(
+            f"hardware.nodes is {hardware.nodes} but Slurm job {env['SLURM_JOB_ID']} has {allocated} node(s): "
+            "ask for the recipe's node count (the plan's resources.nodes) or change hardware.nodes"
+        )
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: `gpu[03-05,09],cpu1` -> `gpu03`."""
+    match = re.match(r"([^,\[]+)(?:\[([^\],-]+))?", nodelist.strip())
+    if not match:
+        raise XtrainError(f"cannot read the Slurm node list {nodelist!r} (SLURM_JOB_NODELIST)")
+    return match.group(1) + (match.group(2) or "")
+
+
+def torchrun_command(python: str, hardware: Hardware, worker: list[str], env: dict[str, str]) -> list[str]:
+    """The launch of `worker` (the program and arguments each process runs, e.g. `-m module config`): torchrun
+    with one process per device of a node; on several nodes, under `srun` (one torchrun per node) with a c10d
+    rendezvous on the allocation's first host."""
+    torchrun = [python, "-m", "torch.distributed.run", f"--nproc-per-node={hardware.processes_per_node}"]
+    if hardware.nodes == 1:
+        return [*torchrun, "--standalone", *worker]  # a free local port: runs side by side do not collide
+    check_nodes(hardware, env)
+    endpoint = f"{first_host(env['SLURM_JOB_NODELIST'])}:{env.get('MASTER_PORT', RENDEZVOUS_PORT)}"
+    srun = [
+        "srun", f"--nodes={hardware.nodes}", f"--ntasks={hardware.nodes}", "--ntasks-per-node=1",
+        # The Snakemake job itself runs in an `srun -n1` step holding the first node's cores.
+        "--overlap", "--kill-on-bad-exit=1",
+    ]
+    return [
+        *srun, *torchrun, f"--nnodes={hardware.nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={env['SLURM_JOB_ID']}", *worker,
+    ]
+
+
+def slurm_placeholders(hardware: Hardware) -> dict[str, str]:
+    """The Slurm variables a multi-node launch reads, as the shell names them: for rendering the launch of a
+    job that has not been allocated yet (a backend's `native`)."""
+    if hardware.nodes == 1:
+        return {}
+    return {"SLURM_JOB_ID": "$SLURM_JOB_ID", "SLURM_JOB_NUM_NODES": str(hardware.nodes),
+            "SLURM_JOB_NODELIST": "$SLURM_JOB_NODELIST"}
+
+
+def cpu_threads(hardware: Hardware) -> dict[str, str]:
+    """torchrun gives each CPU worker one thread; the processes share the job's cores instead."""
+    return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // hardware.processes))}
