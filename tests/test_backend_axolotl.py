@@ -22,7 +22,7 @@ from conftest import HANG_SECONDS, REPO, sample_plan
 
 from xtrain import backends
 from xtrain.backends import TrainJob
-from xtrain.backends.axolotl import OFFLINE, axolotl_config, cpu_precision, export_tokens
+from xtrain.backends.axolotl import OFFLINE, Axolotl, axolotl_config, export_tokens, precision_keys
 from xtrain.backends.preference_text import export_text
 from xtrain.data import prepare
 from xtrain.errors import XtrainError
@@ -42,6 +42,31 @@ for path in sys.argv[1:]:
     print("CONFIG " + json.dumps({"unknown": sorted(set(raw) - set(AxolotlInputConfig.model_fields)),
                                   "cfg": {key: cfg.get(key) for key in raw}}, default=str))
 """
+# The same loader as a GPU node's rank would run it: Axolotl's probe of the local GPU (gpu_capabilities, which
+# validate_config checks bf16 / fp16 / FSDP settings against) answers what that GPU reports, and WORLD_SIZE is
+# torchrun's; argv[1] is a JSON list of [config path, capabilities, world size].
+LOAD_ON_GPU = """
+import json, os, sys
+import axolotl.cli.config as config
+from axolotl.utils.schemas.config import AxolotlInputConfig
+import yaml
+for path, capabilities, world_size in json.loads(sys.argv[1]):
+    os.environ["WORLD_SIZE"] = str(world_size)
+    capabilities["n_gpu"] = world_size
+    config.gpu_capabilities = lambda: (capabilities, {"torch_version": "2.13.0"})
+    raw = yaml.safe_load(open(path))
+    cfg = config.load_cfg(path)
+    print("CONFIG " + json.dumps({"unknown": sorted(set(raw) - set(AxolotlInputConfig.model_fields)),
+                                  "cfg": {key: cfg.get(key) for key in [*raw, "batch_size", "world_size"]}},
+                                 default=str))
+"""
+# What torch reports for each GPU the test plans for (Axolotl reads bf16 support and the compute capability;
+# ROCm's gfx942 and gfx90a come through torch's device properties as 9.4 and 9.0).
+GPU_CAPABILITIES = {
+    "h100": {"bf16": True, "fp8": True, "tf32": True, "compute_capability": "sm_90"},
+    "mi300x": {"bf16": True, "fp8": True, "tf32": False, "compute_capability": "sm_94"},
+    "v100": {"bf16": False, "fp8": False, "tf32": False, "compute_capability": "sm_70"},
+}
 
 
 def tiny_train(**changes) -> Train:
@@ -54,15 +79,68 @@ def plan(**changes) -> Plan:
                           "time": {"steps": 40, "seconds_per_step": 30.0}, **changes})
 
 
-def job(tmp_path, train, plan_, model=None) -> TrainJob:
-    return TrainJob(model or tmp_path / "model", tmp_path / "prepared", plan_, train, Hardware(), tmp_path / "out",
-                    tmp_path / "work", None)
+def job(tmp_path, train, plan_, model=None, hardware=None) -> TrainJob:
+    return TrainJob(model or tmp_path / "model", tmp_path / "prepared", plan_, train, hardware or Hardware(),
+                    tmp_path / "out", tmp_path / "work", None)
 
 
-@pytest.mark.parametrize("accelerator, gpus", [("cuda", 1), ("rocm", 8)])
-def test_a_gpu_recipe_is_refused_before_launch(accelerator, gpus):
-    with pytest.raises(XtrainError, match=f"runs on hardware.accelerator cpu, not '{accelerator}'"):
-        backends.check("axolotl", tiny_train(), Hardware(accelerator=accelerator, gpus=gpus))
+def test_cpu_processes_and_cpu_nodes_are_refused_with_the_field_to_change():
+    # Axolotl under torchrun on the CPU fails loading the model (docs/backends.md gives its error).
+    with pytest.raises(XtrainError, match=r"1 CPU process\(es\) per node at most.*set hardware.processes: 1"):
+        backends.check("axolotl", tiny_train(), Hardware(processes=2))
+    with pytest.raises(XtrainError, match="runs CPU training on one node: set hardware.nodes: 1"):
+        backends.check("axolotl", tiny_train(), Hardware(nodes=2))
+    for hardware in (Hardware(accelerator="cuda", gpus=1), Hardware(accelerator="rocm", gpus=8, nodes=2)):
+        backends.check("axolotl", tiny_train(), hardware)
+
+
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "mi[07-08]", "MASTER_PORT": "29611"}
+
+
+@pytest.mark.parametrize("hardware, env, launcher", [
+    (Hardware(), {}, []),
+    (Hardware(accelerator="cuda", gpus=1), {}, ["-m", "torch.distributed.run", "--nproc-per-node=1", "--standalone"]),
+    (Hardware(accelerator="rocm", gpus=8), {}, ["-m", "torch.distributed.run", "--nproc-per-node=8", "--standalone"]),
+    (Hardware(accelerator="rocm", gpus=8, nodes=2), SLURM, [
+        "-m", "torch.distributed.run", "--nproc-per-node=8", "--nnodes=2", "--rdzv-backend=c10d",
+        "--rdzv-endpoint=mi07:29611", "--rdzv-id=4242"]),
+], ids=["cpu", "1-gpu", "8-gpus", "2-nodes"])
+def test_the_launch_is_axolotls_cli_alone_on_the_cpu_and_under_torchrun_on_gpus(tmp_path, hardware, env, launcher,
+                                                                                 monkeypatch):
+    monkeypatch.setattr("xtrain.backends.axolotl.fsdp_keys", lambda job: {})  # no model folder here
+    launch = Axolotl().native(job(tmp_path, tiny_train(), plan(precision="bf16"), hardware=hardware), env)
+    python = launch["argv"][launch["argv"].index("-m") - 1]
+    srun = ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1"]
+    assert launch["argv"] == [*(srun if hardware.nodes > 1 else []), python, *launcher, "-m", "axolotl.cli.train",
+                              str(tmp_path / "work" / "axolotl.yaml")]
+    assert python.endswith(".venvs/axolotl/bin/python")
+
+
+def test_the_plans_precision_sets_axolotls_dtype_switches_on_a_gpu(tmp_path, caplog):
+    cuda = Hardware(accelerator="cuda", gpus=1)
+    assert precision_keys(job(tmp_path, tiny_train(), plan(precision="bf16"), hardware=cuda)) == {
+        "bf16": True, "fp16": False, "tf32": False}
+    assert precision_keys(job(tmp_path, tiny_train(), plan(precision="fp16"), hardware=cuda)) == {
+        "bf16": False, "fp16": True, "tf32": False}
+    assert caplog.text == ""
+    precision_keys(job(tmp_path, tiny_train(method="full", lora=None), plan(precision="bf16"), hardware=cuda))
+    assert "also loads the weights in bf16, so this full fine-tune keeps weights, gradients and optimizer states " \
+           "in bf16" in caplog.text
+
+
+def test_an_fsdp_plan_shards_each_decoder_block_with_fsdp2(tiny_model, tmp_path):
+    hardware = Hardware(accelerator="cuda", gpus=8)
+    config = axolotl_config(job(tmp_path, tiny_train(), plan(precision="bf16", gradient_checkpointing=True,
+                                                             layout={"strategy": "fsdp"}),
+                                model=tiny_model, hardware=hardware), tmp_path / "d.parquet")
+    assert config["fsdp_version"] == 2 and config["gradient_checkpointing"] is False
+    assert config["fsdp_config"] == {
+        "offload_params": False, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "reshard_after_forward": True,
+        "state_dict_type": "FULL_STATE_DICT", "activation_checkpointing": True}
+    ddp = axolotl_config(job(tmp_path, tiny_train(), plan(precision="bf16", layout={"strategy": "ddp"}),
+                             model=tiny_model, hardware=hardware), tmp_path / "d.parquet")
+    assert not any(key.startswith("fsdp") for key in ddp)
 
 
 def test_packed_data_is_refused_with_the_field_to_change():
@@ -92,13 +170,12 @@ def test_checkpoint_minutes_becomes_the_steps_the_plan_predicts_for_them(tmp_pat
     assert config["save_steps"] == 10  # a quarter of the run
 
 
-def test_a_bf16_plan_trains_in_fp32_and_says_so(tmp_path, caplog):
+def test_a_bf16_plan_trains_in_fp32_on_the_cpu_and_says_so(tmp_path, caplog):
     config = axolotl_config(job(tmp_path, tiny_train(), plan(precision="bf16")), tmp_path / "d.parquet")
     assert config["bf16"] is False and config["fp16"] is False
-    cpu_precision(plan(precision="bf16"))
     assert "the plan's bf16 autocast -> fp32" in caplog.text
     with pytest.raises(XtrainError, match="plan precision 'fp16' cannot run on the CPU"):
-        cpu_precision(plan(precision="fp16"))
+        precision_keys(job(tmp_path, tiny_train(), plan(precision="fp16")))
 
 
 def test_preference_settings_land_in_axolotls_rl_keys(tmp_path):
@@ -205,6 +282,51 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
         assert cfg["optimizer"] == "adamw_torch"
         assert (cfg.get("adapter") == "lora") == (train.method == "lora")
         assert (cfg.get("rl") or "sft") == train.objective
+
+
+# Each GPU shape the lane claims, as the plan would lay it out: (GPU, hardware, recipe, precision, strategy, gc).
+GPU_SHAPES = {
+    "h100-1-lora-sft": ("h100", Hardware(accelerator="cuda", gpus=1), tiny_train(), "bf16", "single", False),
+    "h100-8-lora-dpo": ("h100", Hardware(accelerator="cuda", gpus=8), tiny_dpo("axolotl"), "bf16", "ddp", False),
+    "mi300x-8-full-fsdp": ("mi300x", Hardware(accelerator="rocm", gpus=8), tiny_train(method="full", lora=None),
+                           "bf16", "fsdp", True),
+    "mi300x-2x8-full-fsdp": ("mi300x", Hardware(accelerator="rocm", gpus=8, nodes=2),
+                             tiny_train(method="full", lora=None), "bf16", "fsdp", True),
+    "v100-8-lora-kto": ("v100", Hardware(accelerator="cuda", gpus=8),
+                        tiny_dpo("axolotl", objective="kto"), "fp16", "ddp", True),
+}
+
+
+@pytest.mark.slow
+def test_axolotls_loader_accepts_every_gpu_shape_with_that_gpus_capabilities(tiny_model, tmp_path):
+    ensure_backend_env("axolotl")
+    cases, configs = [], {}
+    for name, (gpu, hardware, train, precision, strategy, checkpointing) in GPU_SHAPES.items():
+        devices = hardware.devices
+        layout = {"strategy": strategy, "devices": devices, "nodes": hardware.nodes, "micro_batch_size": 2,
+                  "gradient_accumulation_steps": 2, "global_batch_size": 4 * devices}
+        the_job = job(tmp_path, train, plan(precision=precision, gradient_checkpointing=checkpointing, layout=layout),
+                      model=tiny_model, hardware=hardware)
+        configs[name] = axolotl_config(the_job, tmp_path / "d.parquet")
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(configs[name]))
+        cases.append([str(path), GPU_CAPABILITIES[gpu], devices])
+    loaded = subprocess.run([PYTHON, "-c", LOAD_ON_GPU, json.dumps(cases)], capture_output=True, text=True,
+                            timeout=HANG_SECONDS, cwd=tmp_path, env={**os.environ, **OFFLINE})
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    reports = [json.loads(line[7:]) for line in loaded.stdout.splitlines() if line.startswith("CONFIG ")]
+    assert len(reports) == len(GPU_SHAPES)
+    for (name, (_, hardware, *_)), report in zip(GPU_SHAPES.items(), reports):
+        config, cfg = configs[name], report["cfg"]
+        assert report["unknown"] == [], name
+        for key in ("bf16", "fp16", "fsdp_version", "gradient_checkpointing", "micro_batch_size",
+                    "gradient_accumulation_steps", "rl"):
+            assert cfg.get(key) == config.get(key), f"{name}: {key}"
+        if "fsdp_config" in config:
+            assert {key: cfg["fsdp_config"].get(key) for key in config["fsdp_config"]} == config["fsdp_config"], name
+        # Axolotl's own batch arithmetic over torchrun's world size gives the plan's global batch.
+        assert cfg["world_size"] == hardware.devices
+        assert cfg["batch_size"] == 4 * hardware.devices, name
 
 
 @pytest.mark.slow

@@ -11,9 +11,9 @@ from checkpoint_contract import assert_checkpoint_contract
 from conftest import build_run, sample_plan
 
 from xtrain import backends
-from xtrain.backends.distributed import first_host, torchrun_command
+from xtrain.backends.distributed import first_host, found_device, torchrun_command
 from xtrain.backends.trl import cpu_placement
-from xtrain.backends.trl_local import TrlLocal, found_device
+from xtrain.backends.trl_local import TrlLocal
 from xtrain.errors import XtrainError
 from xtrain.plan import read_plan
 from xtrain.recipe import Hardware, RecipeError, Train, parse_recipe

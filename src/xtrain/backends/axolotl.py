@@ -1,15 +1,18 @@
-"""`axolotl`: Axolotl's own trainer (`axolotl train <config>`), in the backend's own environment.
+"""`axolotl`: Axolotl's own trainer (`python -m axolotl.cli.train <config>`, what `axolotl train` runs), in the
+backend's own environment, on the CPU or on CUDA / ROCm GPUs.
 
 The backend owns the translation recipe + plan -> Axolotl YAML (`axolotl_config`), the export of the prepared
 tokens into the form Axolotl reads (SFT: pre-tokenized input_ids / attention_mask / labels, -100 on unsupervised
 tokens; DPO and KTO, `rl: dpo | kto`: text that TRL's trainers tokenize again, checked to give back the prepared
-ids by `preference_text`), the launch, and the normalisation of Axolotl's output (trainer_state.json, the adapter
-or model it saves) into the checkpoint contract.
+ids by `preference_text`), the launch (one process, or torchrun with one process per GPU or CPU process, under
+`srun` on several nodes: what `axolotl train --launcher torchrun` runs), and the normalisation of Axolotl's output
+(trainer_state.json, the adapter or model it saves) into the checkpoint contract.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,13 +27,15 @@ from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import ONE_CPU_PROCESS, PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, save_steps
+from .base import PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, save_steps
+from .distributed import decoder_blocks, found_device, slurm_placeholders, torchrun_command
 from .preference_text import export_text
 
 log = logging.getLogger(__name__)
 
-# Axolotl's Triton LoRA kernels need CUDA; on the CPU they fail with "Torch not compiled with CUDA enabled".
-CPU_OFF_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+# Axolotl's Triton LoRA kernels stay off everywhere: on the CPU they fail ("Torch not compiled with CUDA enabled"),
+# and on GPUs the LoRA maths stays PEFT's, as on every other lane.
+LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
 # Offline, and without Axolotl's telemetry (which otherwise waits on the network before loading the config).
 OFFLINE = {"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1"}
 # What Axolotl's final save leaves in output_dir that the checkpoint contract wants: an adapter, or a full model
@@ -54,15 +59,45 @@ def export_tokens(prepared_dir: Path, target: Path) -> int:
     return len(ids)
 
 
-def cpu_precision(plan: dict[str, Any]) -> None:
-    """Axolotl trains in fp32 on the CPU: transformers accepts bf16 autocast there only with `use_cpu`, a training
-    argument Axolotl 0.19 does not expose ("Your setup doesn't support bf16/gpu"). A plan that chose bf16 (it
-    is faster on CPUs with native bf16) runs in fp32 instead, said in the log."""
-    if plan.precision not in ("fp32", "bf16"):
+def precision_keys(job: TrainJob) -> dict[str, bool]:
+    """Axolotl's dtype switches for the plan's precision on the recipe's device (logged where they differ)."""
+    plan, on_cpu = job.plan, job.hardware.accelerator == "cpu"
+    if on_cpu and plan.precision not in ("fp32", "bf16"):
         raise XtrainError(f"plan precision {plan.precision!r} cannot run on the CPU; re-run the plan")
-    if plan.precision == "bf16":
+    if on_cpu and plan.precision == "bf16":
+        # transformers accepts bf16 autocast on the CPU only with `use_cpu`, which Axolotl 0.19 does not expose
+        # ("Your setup doesn't support bf16/gpu").
         log.warning("axolotl: the plan's bf16 autocast -> fp32 (Axolotl cannot autocast on the CPU); "
                     "the step is slower than the plan predicts and keeps fp32 activations")
+    sixteen_bit = not on_cpu and plan.precision in ("bf16", "fp16")
+    if sixteen_bit and job.train.method == "full":
+        log.warning("axolotl: `%s: true` also loads the weights in %s, so this full fine-tune keeps weights, "
+                    "gradients and optimizer states in %s (the plan sized fp32 ones: the run needs less memory "
+                    "than planned)", plan.precision, plan.precision, plan.precision)
+    return {"bf16": sixteen_bit and plan.precision == "bf16", "fp16": sixteen_bit and plan.precision == "fp16",
+            "tf32": False}
+
+
+def fsdp_keys(job: TrainJob) -> dict[str, Any]:
+    """The plan's layout: `fsdp` shards weights, gradients and optimizer states with FSDP2, one decoder block
+    per unit, checkpointing those blocks itself; `single` and `ddp` need nothing (torchrun makes the replicas)."""
+    plan = job.plan
+    if plan.layout.strategy != "fsdp":
+        return {}
+    return {
+        "fsdp_version": 2,
+        "fsdp_config": {
+            "offload_params": False,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "transformer_layer_cls_to_wrap": ",".join(decoder_blocks(job)),
+            "reshard_after_forward": True,
+            # The checkpoint contract wants one HF-loadable file, not per-rank shards.
+            "state_dict_type": "FULL_STATE_DICT",
+            "activation_checkpointing": plan.gradient_checkpointing,
+        },
+        # FSDP checkpoints its own wrapped blocks; the trainer's would wrap them twice.
+        "gradient_checkpointing": False,
+    }
 
 
 def preference_config(job: TrainJob) -> dict[str, Any]:
@@ -115,9 +150,7 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         "weight_decay": train.weight_decay,
         "max_grad_norm": train.max_grad_norm,
         "seed": train.seed,
-        "bf16": False,  # on the CPU: see cpu_precision
-        "fp16": False,
-        "tf32": False,
+        **precision_keys(job),
         "gradient_checkpointing": plan.gradient_checkpointing,
         "output_dir": str(job.work_dir.resolve()),
         "logging_steps": train.logging_steps,
@@ -129,6 +162,7 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         "save_safetensors": True,
         "resume_from_checkpoint": str(Path(job.resume_from).resolve()) if job.resume_from else None,
         **tracking.axolotl_settings(job),
+        **fsdp_keys(job),
     }
     if train.method == "lora":
         lora = train.lora
@@ -137,7 +171,7 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
             config["lora_target_linear"] = True
         else:
             config["lora_target_modules"] = list(lora.target_modules)
-        config |= {kernel: False for kernel in CPU_OFF_KERNELS}
+        config |= {kernel: False for kernel in LORA_KERNELS}
     if not sft:
         config |= preference_config(job)
     return {key: value for key, value in config.items() if value is not None}
@@ -145,13 +179,14 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
 
 class Axolotl:
     name = "axolotl"
-    # The CPU only, for now: its environment (envs/axolotl.yaml) is built and tested with the CPU torch. Packed
-    # rows: Axolotl's own packing cannot keep packed sequences apart on the CPU. ORPO: Axolotl trains it with TRL 1.9's
-    # ORPOTrainer, which tokenizes text with BOS/EOS rules of its own, not the prepared tokens.
+    # One CPU process: under torchrun on the CPU, Axolotl 0.19's normalize_config sets device_map {"": LOCAL_RANK},
+    # and loading the model then fails ("RuntimeError: Cannot access accelerator device when none is available").
+    # Packed rows: Axolotl's own packing cannot keep packed sequences apart on the CPU. ORPO: Axolotl trains it with
+    # TRL 1.9's ORPOTrainer, which tokenizes text with BOS/EOS rules of its own, not the prepared tokens.
     capabilities = Capabilities(
-        status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
-        methods=("lora", "full"), objectives=("sft", "dpo", "kto"), precisions=("fp32", "bf16"), packing=False,
-        resume=True,
+        status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None,
+        max_processes=1, methods=("lora", "full"), objectives=("sft", "dpo", "kto"),
+        precisions=("fp32", "bf16", "fp16"), packing=False, resume=True,
     )
     fields = {
         "train.backend": "registry",
@@ -179,13 +214,21 @@ class Axolotl:
         "train.preference.undesirable_weight": "config.kto_undesirable_weight",
         "train.report_to": "config.use_tensorboard",
         "train.mlflow_tracking_uri": "config.mlflow_tracking_uri",
-        **ONE_CPU_PROCESS,
+        "hardware.accelerator": "argv",
+        "hardware.gpus": "argv",
+        "hardware.nodes": "argv",
+        "hardware.processes": "capabilities",
         **PLANNED_HARDWARE,
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        """TRL's preference trainers turn every dropout off (their `disable_dropout`, which Axolotl 0.19 does not
+        """Several nodes are for GPUs (CPU processes share one node). TRL's preference trainers turn every dropout off (their `disable_dropout`, which Axolotl 0.19 does not
         expose), so a LoRA dropout would be silently ignored: refused."""
+        if hardware.accelerator == "cpu" and hardware.nodes != 1:
+            raise XtrainError(
+                "train.backend axolotl runs CPU training on one node: set hardware.nodes: 1 (more CPU processes "
+                "with hardware.processes), or train on GPUs"
+            )
         if train.objective != "sft" and train.method == "lora" and train.lora.dropout:
             raise XtrainError(
                 f"train.backend axolotl: train.lora.dropout {train.lora.dropout} with train.objective "
@@ -193,18 +236,25 @@ class Axolotl:
                 "train.lora.dropout: 0, or train.backend: trl_cpu (which keeps it)"
             )
 
-    def native(self, job: TrainJob) -> dict:
-        """Axolotl's YAML, its launch and environment; the prepared tokens are exported to `dataset`."""
+    def native(self, job: TrainJob, env: dict[str, str] | None = None) -> dict:
+        """Axolotl's YAML, its launch and environment; the prepared tokens are exported to `dataset`. On the CPU
+        Axolotl's CLI runs in one process; every GPU run goes through torchrun (one process per GPU, also for one
+        GPU: never DataParallel). `env`: the launching process's environment (a multi-node launch reads its Slurm
+        allocation); None renders the launch with the Slurm variables as the shell names them."""
+        hardware = job.hardware
         dataset = job.work_dir / "axolotl_data" / "train.parquet"
         config = job.work_dir / "axolotl.yaml"
-        return {"config": axolotl_config(job, dataset), "dataset": dataset, "config_file": config,
-                "argv": [backend_python(self.name, "axolotl", must_exist=False), "-m", "axolotl.cli.train", str(config)],
+        python = backend_python(self.name, "axolotl", must_exist=False)
+        program = ["-m", "axolotl.cli.train", str(config)]
+        argv = ([python, *program] if hardware.accelerator == "cpu" else
+                torchrun_command(python, hardware, program, slurm_placeholders(hardware) if env is None else env))
+        return {"config": axolotl_config(job, dataset), "dataset": dataset, "config_file": config, "argv": argv,
                 "env": OFFLINE | tracking.environment(job)}
 
     def run(self, job: TrainJob) -> TrainResult:
-        cpu_precision(job.plan)
+        found_device(job.hardware)
         tracking.require_packages(job.train, backend_python(self.name, "axolotl"), "envs/axolotl.yaml")
-        launch = self.native(job)
+        launch = self.native(job, dict(os.environ))
         if job.train.objective == "sft":
             export_tokens(job.prepared_dir, launch["dataset"])
         else:

@@ -1,6 +1,7 @@
 """Launching a training program as one process per device: torchrun on one node, `srun` + torchrun with a c10d
 rendezvous on several (inside the Slurm allocation the train job runs in). Shared by every backend whose
-framework trains under torchrun (trl_local's workers, Axolotl's CLI).
+framework trains under torchrun (trl_local's workers, Axolotl's CLI), with the device check before a launch and
+the decoder blocks FSDP wraps.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 
 from ..errors import XtrainError
 from ..recipe import Hardware
+from .base import TrainJob
 
 RENDEZVOUS_PORT = 29500  # torchrun's default; MASTER_PORT overrides it
 
@@ -59,6 +61,37 @@ def torchrun_command(python: str, hardware: Hardware, worker: list[str], env: di
     ]
 
 
+def found_device(hardware: Hardware) -> str:
+    """The device kind this machine can train on (cpu, cuda or rocm), checked against what the recipe's
+    `hardware` asks for, before any launch."""
+    import torch
+
+    if hardware.accelerator == "cpu":
+        return "cpu"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", os.environ.get("HIP_VISIBLE_DEVICES", "unset"))
+    if not torch.cuda.is_available():
+        build = f"ROCm {torch.version.hip}" if torch.version.hip else (
+            f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only")
+        raise XtrainError(
+            f"hardware.accelerator is {hardware.accelerator!r} but torch {torch.__version__} ({build} build) sees no "
+            f"GPU here (CUDA_VISIBLE_DEVICES={visible}): run on a {hardware.accelerator} GPU node, or set "
+            "hardware.accelerator: cpu and gpus: 0"
+        )
+    kind = "rocm" if torch.version.hip else "cuda"
+    if kind != hardware.accelerator:
+        raise XtrainError(
+            f"hardware.accelerator is {hardware.accelerator!r} but this machine's GPUs are {kind} "
+            f"(torch {torch.__version__}): set hardware.accelerator: {kind}, or run on a {hardware.accelerator} node"
+        )
+    count = torch.cuda.device_count()
+    if count < hardware.gpus:
+        raise XtrainError(
+            f"hardware.gpus is {hardware.gpus} per node but {count} {kind} GPU(s) are visible here "
+            f"(CUDA_VISIBLE_DEVICES={visible}): set hardware.gpus: {count}, or ask the scheduler for {hardware.gpus}"
+        )
+    return kind
+
+
 def slurm_placeholders(hardware: Hardware) -> dict[str, str]:
     """The Slurm variables a multi-node launch reads, as the shell names them: for rendering the launch of a
     job that has not been allocated yet (a backend's `native`)."""
@@ -71,3 +104,14 @@ def slurm_placeholders(hardware: Hardware) -> dict[str, str]:
 def cpu_threads(hardware: Hardware) -> dict[str, str]:
     """torchrun gives each CPU worker one thread; the processes share the job's cores instead."""
     return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // hardware.processes))}
+
+
+def decoder_blocks(job: TrainJob) -> list[str]:
+    """The model's decoder block classes (FSDP's wrapping units), from a copy built on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=job.trust_remote_code)
+    return list(model._no_split_modules or [])

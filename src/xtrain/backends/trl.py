@@ -21,6 +21,7 @@ from ..errors import XtrainError
 from ..recipe import DATA_KINDS
 from . import guards
 from .base import PLANNED_HARDWARE, TrainJob, TrainResult
+from .distributed import decoder_blocks
 
 log = logging.getLogger(__name__)
 
@@ -127,17 +128,6 @@ def fsdp_settings(job: TrainJob) -> dict:
             "activation_checkpointing": plan.gradient_checkpointing,
         },
     }
-
-
-def decoder_blocks(job: TrainJob) -> list[str]:
-    """The model's decoder block classes (FSDP's wrapping units), from a copy built on the meta device."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=job.trust_remote_code)
-    return list(model._no_split_modules or [])
 
 
 def native(job: TrainJob, placement: Placement) -> dict:

@@ -26,42 +26,12 @@ from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
 from .base import Capabilities, TrainJob, TrainResult
-from .distributed import cpu_threads, slurm_placeholders, torchrun_command
+from .distributed import cpu_threads, found_device, slurm_placeholders, torchrun_command
 from .trl import TRL_FIELDS, Device, Placement, cpu_placement, native, train_and_save
 
 log = logging.getLogger(__name__)
 
 JOB_FILE, RESULT_FILE = "trl_local_job.json", "trl_local_result.json"
-
-
-def found_device(hardware: Hardware) -> Device:
-    """The device this process can train on, checked against what the recipe's `hardware` asks for."""
-    import torch
-
-    if hardware.accelerator == "cpu":
-        return "cpu"
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", os.environ.get("HIP_VISIBLE_DEVICES", "unset"))
-    if not torch.cuda.is_available():
-        build = f"ROCm {torch.version.hip}" if torch.version.hip else (
-            f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only")
-        raise XtrainError(
-            f"hardware.accelerator is {hardware.accelerator!r} but torch {torch.__version__} ({build} build) sees no "
-            f"GPU here (CUDA_VISIBLE_DEVICES={visible}): run on a {hardware.accelerator} GPU node, or set "
-            "hardware.accelerator: cpu and gpus: 0"
-        )
-    kind = "rocm" if torch.version.hip else "cuda"
-    if kind != hardware.accelerator:
-        raise XtrainError(
-            f"hardware.accelerator is {hardware.accelerator!r} but this machine's GPUs are {kind} "
-            f"(torch {torch.__version__}): set hardware.accelerator: {kind}, or run on a {hardware.accelerator} node"
-        )
-    count = torch.cuda.device_count()
-    if count < hardware.gpus:
-        raise XtrainError(
-            f"hardware.gpus is {hardware.gpus} per node but {count} {kind} GPU(s) are visible here "
-            f"(CUDA_VISIBLE_DEVICES={visible}): set hardware.gpus: {count}, or ask the scheduler for {hardware.gpus}"
-        )
-    return kind
 
 
 def gpu_placement(plan: dict, device: Device) -> Placement:
