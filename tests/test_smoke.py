@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from backend_runs import ensure_backend_env
 from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
 
 from xtrain.artifacts import read_json
@@ -53,8 +54,14 @@ def llama8b_folder(tiny_model: Path, out: Path, template: str | None = None, **c
     return out
 
 
-def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_path, tiny_model):
-    project = copy_workflow(tmp_path, {"llama8b": json.dumps(RECIPE)})
+@pytest.mark.parametrize("backend", ["trl_local", "axolotl"])
+def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_path, tiny_model, backend):
+    if backend != "trl_local":
+        ensure_backend_env(backend)
+        (tmp_path / ".venvs").mkdir()  # the lane's environment, built once in the work tree, serves the copy too
+        (tmp_path / ".venvs" / backend).symlink_to(REPO / ".venvs" / backend)
+    recipe = {**RECIPE, "train": {**RECIPE["train"], "backend": backend}}
+    project = copy_workflow(tmp_path, {"llama8b": json.dumps(recipe)})
     llama8b_folder(tiny_model, project / "models/llama8b")
     config = project / "config/config.yaml"
     config.write_text(config.read_text().replace("gpu_hour_prices: {}", "gpu_hour_prices: {h100: 2.5}"))
@@ -72,7 +79,7 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
         assert shrunk[key] == LLAMA_3_1_8B[key], key
     assert shrunk["rope_parameters"] == {**LLAMA_3_1_8B["rope_scaling"], "rope_theta": 500000.0}  # transformers 5's name
     assert not list(out.glob("model/*.gguf")) and not (project / "models/llama8b/model.safetensors").exists()
-    assert steps["train"]["backend"] == "trl_local" and steps["train"]["steps"] == 3
+    assert steps["train"]["backend"] == backend and steps["train"]["steps"] == 3
     assert steps["prepare"]["masking"] == "incremental rendering"
     # the real plan: 8 H100s, memory within the device's, GPU-hours and their price
     plan = steps["plan"]
