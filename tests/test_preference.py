@@ -255,3 +255,46 @@ def test_trl_local_trains_dpo_over_two_processes_from_the_same_first_loss(dpo_ru
     first = [e for e in get_backend("trl_local").run(local).log_history if "loss" in e][0]["loss"]
     cpu_first = [e for e in result.log_history if "loss" in e][0]["loss"]
     assert abs(first - cpu_first) < 1e-3 and abs(first - math.log(2)) < 1e-4
+
+
+def test_a_full_dpo_run_whose_reference_copy_does_not_fit_precomputes_the_reference_and_trains_the_same(
+        tiny_model, tmp_path, monkeypatch):
+    manifest, prepared = run(tiny_model, PAIRS, tmp_path, seq_len=128)
+    train = Train(objective="dpo", method="full", lora=None, global_batch_size=4, micro_batch_size=4, max_steps=2,
+                  learning_rate=5e-4, logging_steps=1, lr_scheduler="constant")
+    monkeypatch.setattr("xtrain.plan.cpu_supports_bf16", lambda: False)  # fp32 only: memory is cut by checkpointing
+    with_copy = make_plan(tiny_model, manifest, train, Hardware())
+    assert (with_copy.reference, with_copy.time.reference_precompute_seconds) == ("copy", None)
+    copy_bytes = with_copy.model.total * 4  # fp32 weights on the CPU
+
+    def device_of(size: int) -> None:
+        monkeypatch.setattr("xtrain.plan.Planner.budget", lambda self, gpu=None: size)
+
+    # Just too small for the plain step: the copy stays, with activation checkpointing (the least a step can take).
+    device_of(with_copy.memory.peak_bytes_per_device - 1)
+    checkpointed = make_plan(tiny_model, manifest, train, Hardware())
+    assert (checkpointed.reference, checkpointed.gradient_checkpointing) == ("copy", True)
+    # Too small for that too: the plan drops the copy, not the run.
+    device_of(checkpointed.memory.peak_bytes_per_device - 1)
+    precomputed = make_plan(tiny_model, manifest, train, Hardware())
+    assert precomputed.reference == "precomputed"
+    assert precomputed.memory.breakdown_bytes["weights"] == with_copy.memory.breakdown_bytes["weights"] - copy_bytes
+    assert precomputed.time.seconds_per_step < with_copy.time.seconds_per_step, "no reference forward in a step"
+    assert precomputed.time.reference_precompute_seconds > 0
+    monkeypatch.undo()
+
+    from trl import DPOTrainer
+
+    precomputes, precompute = [], DPOTrainer._precompute_ref_logps
+    monkeypatch.setattr(DPOTrainer, "_precompute_ref_logps",
+                        lambda self, *args: precomputes.append(self.ref_model) or precompute(self, *args))
+    losses = {}
+    for plan in (with_copy, precomputed):
+        job = TrainJob(tiny_model, prepared, plan, train, Hardware(), tmp_path / plan.reference / "out",
+                       tmp_path / plan.reference / "work", None)
+        job.out.mkdir(parents=True)
+        losses[plan.reference] = [e["loss"] for e in get_backend("trl_cpu").run(job).log_history if "loss" in e]
+    assert precomputes == [None], "TRL precomputed once, holding no reference copy; the copy run did not precompute"
+    assert abs(losses["precomputed"][0] - math.log(2)) < 1e-4
+    # The same reference log-probs, once computed up front and once in each step: the same training.
+    assert losses["precomputed"] == pytest.approx(losses["copy"], abs=1e-5)

@@ -110,6 +110,8 @@ def preference_config(job: TrainJob) -> dict[str, Any]:
         "excess_length_strategy": "raise",
         # The trainer reads the text columns itself (Axolotl requires it stated for KTO; its RL default otherwise).
         "remove_unused_columns": False,
+        # The plan's choice: the reference log-probs computed once before training, with no frozen copy held.
+        "precompute_ref_log_probs": job.plan.reference == "precomputed",
     }
     if objective == "dpo":
         config["dpo_loss_type"] = [settings.loss_type]

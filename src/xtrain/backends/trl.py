@@ -207,8 +207,8 @@ def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool 
 
 
 def preference_arguments(job: TrainJob, sft: dict) -> dict:
-    """`DPOConfig` / `KTOConfig` / `ORPOConfig` keyword arguments: the SFT ones without packing, and the objective's
-    settings. The
+    """`DPOConfig` / `KTOConfig` / `ORPOConfig` keyword arguments: the SFT ones without packing, the objective's
+    settings, and the plan's `reference`. The
     recipe's LoRA dropout is kept (TRL would disable dropout); at step 0 the adapter adds nothing, so the policy still
     equals the reference and the first DPO loss is ln 2."""
     settings, objective = job.train.preference, job.train.objective
@@ -222,6 +222,9 @@ def preference_arguments(job: TrainJob, sft: dict) -> dict:
         arguments["loss_type"] = [settings.loss_type]
     elif objective == "kto":
         arguments |= {"desirable_weight": settings.desirable_weight, "undesirable_weight": settings.undesirable_weight}
+    if objective in ("dpo", "kto"):
+        # The plan's choice: the reference log-probs computed once before training, with no frozen copy held.
+        arguments["precompute_ref_log_probs"] = job.plan.reference == "precomputed"
     return arguments
 
 

@@ -57,6 +57,7 @@ class Planner:
     fallback_reason: str | None = None
     trust_remote_code: bool = False  # model.trust_remote_code: the model folder's own code builds it
     sequences: int = 1  # sequences per training row (2 for a DPO pair, and for KTO's answer and its KL pairing)
+    reference: str | None = None  # Plan.reference: None for SFT and ORPO
 
     def breakdown(self, step: Step, strategy: str) -> dict[str, int]:
         """Peak bytes on one device, by kind, with FSDP's sharding applied."""
@@ -80,7 +81,7 @@ class Planner:
                 self.estimator, self.fallback_reason = "analytical", f"{type(exc).__name__}: {exc}"[:300]
                 log.warning("memory trace failed, using the analytical estimator: %s", self.fallback_reason)
         breakdown = breakdown or analytical(self.params, self.train.method, step)
-        if self.train.objective in REFERENCED and self.train.method == "full":  # the frozen reference model
+        if self.reference == "copy":  # the frozen reference model
             breakdown["weights"] += self.params["total"] * BYTES[step.weights_dtype]
         return breakdown
 
@@ -111,7 +112,7 @@ class Planner:
         else:  # without a trace the op count is unknown: small models will run slower than predicted
             per_token, ops, source = flops_per_token(self.params, step.seq_len, step.checkpointing), 0, "analytical"
         seconds = tokens * per_token / rates["matmul_flops"] + ops * rates["op_seconds"]
-        if self.train.objective in REFERENCED:
+        if self.reference in ("adapter", "copy"):  # the reference forward in each step
             seconds *= 1 + REFERENCE_FORWARD
         return seconds, {"flops_per_token": round(per_token), "flops_source": source, "ops_per_micro_step": ops,
                          "device_flops": rates["matmul_flops"], "op_seconds": rates["op_seconds"],
@@ -129,27 +130,30 @@ def make_plan(
         raise XtrainError(f"the prepared data holds {manifest.get('data_kind', 'chats')}, train.objective "
                           f"{train.objective} trains on {DATA_KINDS[train.objective]}: re-run prepare")
     sequences = data.get("sequences_per_row", 1) + (train.objective == "kto")  # KTO adds a KL pairing per answer
-    planner = Planner(model_dir, train, hardware, params, trust_remote_code=trust_remote_code, sequences=sequences)
+    planner = Planner(model_dir, train, hardware, params, trust_remote_code=trust_remote_code, sequences=sequences,
+                      reference=first_reference(train))
     # Batches are padded to their longest row, so the longest row sets the peak.
     longest = min(data.get("max_len") or manifest["seq_len"], manifest["seq_len"])
     mean_len = data["tokens"] / (data["rows"] * data.get("sequences_per_row", 1))
     per_device = check_micro_batch(train, hardware)
     steps = train.max_steps or math.ceil(math.ceil(data["rows"] / train.global_batch_size) * train.epochs)
 
-    candidates = []
     candidates_precisions = precisions(hardware, train.backend)
-    for precision in candidates_precisions:
-        layout = choose_layout(planner, precision, per_device, longest)
-        if layout:
-            micro_seconds, speed = planner.seconds_per_micro_step(layout["step"], layout["step"].rows * mean_len)
-            candidates.append((micro_seconds * layout["accumulation"], layout, speed))
+    candidates = fitting_steps(planner, candidates_precisions, per_device, longest, mean_len)
+    if not candidates and planner.reference == "copy":
+        log.info("plan: a frozen reference copy does not fit beside the full fine-tune; the reference log-probs are "
+                 "computed once over the train rows before training instead (reference: precomputed)")
+        planner.reference = "precomputed"
+        candidates = fitting_steps(planner, candidates_precisions, per_device, longest, mean_len)
     if not candidates:
         raise does_not_fit(planner, candidates_precisions[0], per_device, longest)
     step_seconds, layout, speed = min(candidates, key=lambda c: c[0])  # the fastest precision that fits
     step = layout["step"]
     breakdown = planner.breakdown(step, layout["strategy"])
     peak = sum(breakdown.values())
-    seconds = steps * step_seconds
+    precompute = (REFERENCE_FORWARD * step_seconds * math.ceil(data["rows"] / train.global_batch_size)
+                  if planner.reference == "precomputed" else None)
+    seconds = steps * step_seconds + (precompute or 0)
     return Plan.model_validate({
         "model": params,
         "data": {
@@ -172,6 +176,7 @@ def make_plan(
         "precision": step.precision,
         "weights_dtype": step.weights_dtype,
         "gradient_checkpointing": step.checkpointing,
+        "reference": planner.reference,
         "memory": {
             "estimator": planner.estimator,
             **({"trace_error": planner.fallback_reason} if planner.fallback_reason else {}),
@@ -187,10 +192,32 @@ def make_plan(
             "tokens_per_step": round(train.global_batch_size * sequences * mean_len),
             **speed,
             "seconds_per_step": round(step_seconds, 4),
+            "reference_precompute_seconds": None if precompute is None else round(precompute, 1),
             "seconds": round(seconds, 1),
         },
         "resources": resources(planner, peak, seconds),
     })
+
+
+def first_reference(train: Train) -> str | None:
+    """Where a DPO or KTO run's reference log-probs come from, before memory decides: LoRA's base with the adapter
+    disabled, or (full fine-tune) a frozen copy, which `make_plan` trades for precomputed log-probs when it does
+    not fit."""
+    if train.objective not in REFERENCED:
+        return None
+    return "adapter" if train.method == "lora" else "copy"
+
+
+def fitting_steps(planner: Planner, candidate_precisions: list[str], per_device: int, longest: int,
+                  mean_len: float) -> list[tuple[float, dict, dict]]:
+    """(seconds per optimizer step, layout, speed terms) of each precision with a layout that fits."""
+    candidates = []
+    for precision in candidate_precisions:
+        layout = choose_layout(planner, precision, per_device, longest)
+        if layout:
+            micro_seconds, speed = planner.seconds_per_micro_step(layout["step"], layout["step"].rows * mean_len)
+            candidates.append((micro_seconds * layout["accumulation"], layout, speed))
+    return candidates
 
 
 def device_precisions(hardware: Hardware) -> list[str]:

@@ -110,7 +110,12 @@ class Time(Section):
     seconds_per_step: float = Field(
         description="accumulation × (micro tokens × flops_per_token / device_flops + ops × op_seconds)"
     )
-    seconds: float = Field(description="steps × seconds_per_step; data-parallel communication is not included")
+    reference_precompute_seconds: float | None = Field(
+        None, description="`reference: precomputed` only: one reference forward over every train row before step 1 "
+        "(a third of a step's compute per global batch of rows), included in `seconds`"
+    )
+    seconds: float = Field(description="steps × seconds_per_step (+ the reference precompute); data-parallel "
+                           "communication is not included")
 
 
 class Resources(Section):
@@ -137,6 +142,12 @@ class Plan(Section):
         description="dtype the weights are held in: fp32, or the GPU's 16-bit dtype for a LoRA base"
     )
     gradient_checkpointing: bool = Field(description="recompute activations in backward: only when the run needs it")
+    reference: Literal["adapter", "copy", "precomputed"] | None = Field(
+        None, description="DPO and KTO: where the reference model's log-probabilities come from. `adapter`: LoRA's "
+        "base with the adapter disabled, in each step; `copy`: a frozen copy of the weights (full fine-tune), in each "
+        "step; `precomputed`: once over the train rows before training, with no copy held, chosen when the copy "
+        "does not fit"
+    )
     memory: Memory
     time: Time
     resources: Resources
