@@ -11,20 +11,27 @@ venv: $(STAMP)
 # .venv holds exactly envs/xtrain.lock: every package at the version it records, checked against its hashes (the
 # lock is written from the pins of envs/xtrain.yaml, also the conda env of the rules, by `make lock`). xtrain itself
 # is built with the lock's setuptools (no build isolation), so nothing outside the lock is fetched.
-$(STAMP): envs/xtrain.lock Makefile pyproject.toml
+# XTRAIN_ACCELERATOR=cuda installs envs/xtrain-cuda.lock instead (PyPI's CUDA torch), for trl_local on CUDA GPUs.
+XTRAIN_ACCELERATOR ?= cpu
+MAIN_LOCK := envs/xtrain$(if $(filter cuda,$(XTRAIN_ACCELERATOR)),-cuda).lock
+$(STAMP): $(MAIN_LOCK) Makefile pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip --disable-pip-version-check install --quiet --require-hashes --no-deps -r envs/xtrain.lock
+	$(BIN)/python -m pip --disable-pip-version-check install --quiet --require-hashes --no-deps -r $(MAIN_LOCK)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation --editable .
 	$(BIN)/python -m pip check
 	touch $@
 
-# Rewrite envs/<name>.lock from envs/<name>.yaml (uv resolves; versions in the old lock are kept while they fit the
-# pins; delete a lock to take the newest). The main lock adds the development tools below, and wheel, which pip
-# needs to build the lock's source-only packages (so that an offline install finds it with them).
+# Rewrite envs/<name>.lock and envs/<name>-cuda.lock from envs/<name>.yaml (uv resolves; versions in the old lock
+# are kept while they fit the pins; delete a lock to take the newest). The main locks add the development tools
+# below, and wheel, which pip needs to build the lock's source-only packages (so that an offline install finds it).
 DEV_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 snakefmt==2.1.0 uv==0.13.9 wheel==0.48.0
 lock: venv
-	$(BIN)/python -m xtrain.envs lock envs/xtrain.yaml --with $(DEV_TOOLS)
-	for spec in envs/*.yaml; do test $$spec = envs/xtrain.yaml || $(BIN)/python -m xtrain.envs lock $$spec; done
+	for accelerator in cpu cuda; do \
+	  $(BIN)/python -m xtrain.envs lock envs/xtrain.yaml --accelerator $$accelerator --with $(DEV_TOOLS) || exit 1; \
+	  for spec in envs/*.yaml; do \
+	    test $$spec = envs/xtrain.yaml || $(BIN)/python -m xtrain.envs lock $$spec --accelerator $$accelerator || exit 1; \
+	  done; \
+	done
 
 demo: venv
 	$(BIN)/snakemake --cores all

@@ -7,6 +7,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from xtrain.envs import LOCKED, venv_name, venv_parts  # noqa: E402
 from xtrain.hub import model_folder  # noqa: E402
 from xtrain.plan import read_plan  # noqa: E402
 from xtrain.preflight import preflight  # noqa: E402
@@ -111,18 +112,30 @@ def train_container(wildcards):
 
 
 def backend_env(wildcards):
-    """The backend's virtual environment, when it has its own and conda is not providing it."""
-    backend = recipe(wildcards).train.backend
+    """The backend's virtual environment for the recipe's accelerator, when it has its own and conda is not
+    providing it. An accelerator xtrain writes no lock for (ROCm) runs in an image or env of its own: the train
+    job says so if its interpreter lacks the backend (xtrain.envs.backend_python)."""
+    the_recipe = recipe(wildcards)
+    accelerator = the_recipe.hardware.accelerator
     if (
         backend_entry(wildcards)["conda"] == MAIN_ENV
         or DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+        or accelerator not in LOCKED
     ):
         return []
-    return [f".venvs/{backend}/ready.json"]
+    return [f".venvs/{venv_name(the_recipe.train.backend, accelerator)}/ready.json"]
+
+
+def venv_spec(wildcards):
+    return f"envs/{venv_parts(wildcards.venv)[0]}.yaml"
+
+
+def venv_accelerator(wildcards):
+    return venv_parts(wildcards.venv)[1]
 
 
 def backend_uninstall(wildcards):
-    return config["backends"][wildcards.backend].get("uninstall", [])
+    return config["backends"][venv_parts(wildcards.venv)[0]].get("uninstall", [])
 
 
 def planned(key, default):

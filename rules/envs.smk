@@ -1,14 +1,15 @@
 rule build_backend_env:
     input:
-        spec="envs/{backend}.yaml",
-        lock="envs/{backend}.lock",
+        spec=venv_spec,
+        lock="envs/{venv}.lock",
     output:
-        ".venvs/{backend}/ready.json",
+        ".venvs/{venv}/ready.json",
     log:
-        "logs/envs/{backend}.log",
+        "logs/envs/{venv}.log",
     conda:
         "../envs/xtrain.yaml"
     params:
         uninstall=backend_uninstall,
+        accelerator=venv_accelerator,
     script:
         "../scripts/build_backend_env.py"

@@ -1,4 +1,5 @@
-"""Rule build_backend_env: a backend's lock (envs/<backend>.lock, from its spec) -> the virtual environment .venvs/<backend>/."""
+"""Rule build_backend_env: a backend's lock for an accelerator (envs/<backend>.lock, envs/<backend>-cuda.lock, from its
+spec) -> the virtual environment .venvs/<backend>/ or .venvs/<backend>-cuda/."""
 import sys
 from pathlib import Path
 
@@ -8,5 +9,6 @@ from xtrain.stage import run_stage
 
 run_stage(
     snakemake.log[0],
-    lambda: build(Path(snakemake.input.spec), Path(snakemake.output[0]).parent, snakemake.params.uninstall),
+    lambda: build(Path(snakemake.input.spec), Path(snakemake.output[0]).parent, snakemake.params.uninstall,
+                  snakemake.params.accelerator),
 )

@@ -113,7 +113,8 @@ def test_the_launch_is_axolotls_cli_alone_on_the_cpu_and_under_torchrun_on_gpus(
     srun = ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1"]
     assert launch["argv"] == [*(srun if hardware.nodes > 1 else []), python, *launcher, "-m", "axolotl.cli.train",
                               str(tmp_path / "work" / "axolotl.yaml")]
-    assert python.endswith(".venvs/axolotl/bin/python")
+    assert python == {"cpu": ".venvs/axolotl/bin/python", "cuda": ".venvs/axolotl-cuda/bin/python",
+                      "rocm": "python"}[hardware.accelerator], "the lane's environment for the accelerator"
 
 
 def test_the_plans_precision_sets_axolotls_dtype_switches_on_a_gpu(tmp_path, caplog):

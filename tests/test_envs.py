@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO
 
 from xtrain.envs import (
+    LOCKED,
     backend_python,
     build,
     install_command,
@@ -21,6 +22,8 @@ from xtrain.envs import (
     normalised,
     pip_requirements,
     stale_pins,
+    venv_name,
+    venv_parts,
 )
 from xtrain.errors import XtrainError
 
@@ -57,28 +60,52 @@ def test_an_unbuilt_backend_environment_names_the_target_that_builds_it(tmp_path
     (tmp_path / ".venvs" / "axolotl").mkdir(parents=True)
     (tmp_path / ".venvs" / "axolotl" / "ready.json").write_text("{}")
     assert backend_python("axolotl", "a_module_that_is_not_installed") == ".venvs/axolotl/bin/python"
+    with pytest.raises(XtrainError, match=r"its cuda environment is not built.*\.venvs/axolotl-cuda/ready\.json"):
+        backend_python("axolotl", "a_module_that_is_not_installed", accelerator="cuda")
+    with pytest.raises(XtrainError, match=r"on rocm: xtrain builds no rocm environment.*--sdm apptainer"):
+        backend_python("axolotl", "a_module_that_is_not_installed", accelerator="rocm")
+    assert backend_python("axolotl", "a_module_that_is_not_installed", must_exist=False, accelerator="rocm") == "python"
+
+
+def test_a_gpu_recipe_builds_the_lanes_environment_for_its_accelerator(tmp_path):
+    assert [venv_parts(venv_name("axolotl", accelerator)) for accelerator in LOCKED] == [
+        ("axolotl", "cpu"), ("axolotl", "cuda")]
+    assert venv_parts("trl_local") == ("trl_local", "cpu")
 
 
 SPECS = sorted((REPO / "envs").glob("*.yaml"))
 
 
+@pytest.mark.parametrize("accelerator", LOCKED)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.stem)
-def test_each_lock_is_current_with_its_spec_and_pins_every_package_with_hashes(spec):
-    lock = lock_file(spec)
-    assert lock.is_file(), f"{spec} has no lock: run `make lock`"
-    assert not stale_pins(spec), f"{lock} does not hold {stale_pins(spec)} of {spec}: run `make lock`"
-    blocks = re.split(r"\n(?=[A-Za-z0-9])", lock.read_text().split("\n\n", 1)[1].strip())
+def test_each_lock_is_current_with_its_spec_and_pins_every_package_with_hashes(spec, accelerator):
+    lock = lock_file(spec, accelerator)
+    assert lock.is_file(), f"{spec} has no {accelerator} lock: run `make lock`"
+    assert not stale_pins(spec, accelerator), f"{lock} does not hold {stale_pins(spec, accelerator)} of {spec}"
+    packages = "\n".join(line for line in lock.read_text().splitlines() if line and not line.startswith(("#", "--")))
+    blocks = re.split(r"\n(?=[A-Za-z0-9])", packages)
     assert all(re.match(r"\S+==\S+ \\\n(\s+--hash=sha256:[0-9a-f]{64}( \\\n)?)+$", block) for block in blocks), (
         "every package is pinned to one version with its hashes")
     versions = locked_versions(lock)
-    assert versions["torch"] == "2.13.0+cpu", "the CPU build, never PyPI's CUDA build"
-    assert not [name for name in versions if name.startswith(("nvidia-cu", "nvidia-nccl", "nvidia-nv"))]
+    cuda_packages = [name for name in versions if name.startswith(("nvidia-cu", "nvidia-nccl", "nvidia-nv"))]
+    if accelerator == "cpu":
+        assert versions["torch"] == "2.13.0+cpu", "the CPU build, never PyPI's CUDA build"
+        assert not cuda_packages
+    else:
+        assert versions["torch"] == "2.13.0" and "--find-links" not in lock.read_text(), "PyPI's CUDA build"
+        assert {"nvidia-cublas", "nvidia-nccl-cu13"} <= set(versions), "with the CUDA libraries it runs on"
+        cpu = locked_versions(lock_file(spec))
+        # torch itself, and triton, which PyPI's CUDA torch pins (the CPU build does not depend on it).
+        differ = [name for name in set(cpu) & set(versions) if name not in ("torch", "triton")
+                  and cpu[name] != versions[name]]
+        assert not differ, f"the CUDA lock keeps the CPU lock's versions: {sorted(differ)} differ"
 
 
 def test_make_installs_the_main_lock_with_the_command_the_backend_builder_uses():
     makefile = (REPO / "Makefile").read_text()
-    assert "$(STAMP): envs/xtrain.lock" in makefile, "a new lock reinstalls .venv"
-    assert " ".join(install_command("$(BIN)/python", Path("envs/xtrain.lock"))) in makefile
+    assert "$(STAMP): $(MAIN_LOCK)" in makefile, "a new lock reinstalls .venv"
+    assert "MAIN_LOCK := envs/xtrain$(if $(filter cuda,$(XTRAIN_ACCELERATOR)),-cuda).lock" in makefile
+    assert " ".join(install_command("$(BIN)/python", Path("$(MAIN_LOCK)"))) in makefile
 
 
 def test_a_backend_build_refuses_a_lock_that_does_not_hold_the_specs_pins(tmp_path):

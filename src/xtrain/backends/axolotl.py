@@ -246,7 +246,7 @@ class Axolotl:
         hardware = job.hardware
         dataset = job.work_dir / "axolotl_data" / "train.parquet"
         config = job.work_dir / "axolotl.yaml"
-        python = backend_python(self.name, "axolotl", must_exist=False)
+        python = backend_python(self.name, "axolotl", must_exist=False, accelerator=hardware.accelerator)
         program = ["-m", "axolotl.cli.train", str(config)]
         argv = ([python, *program] if hardware.accelerator == "cpu" else
                 torchrun_command(python, hardware, program, slurm_placeholders(hardware) if env is None else env))
@@ -255,7 +255,8 @@ class Axolotl:
 
     def run(self, job: TrainJob) -> TrainResult:
         found_device(job.hardware)
-        tracking.require_packages(job.train, backend_python(self.name, "axolotl"), "envs/axolotl.yaml")
+        tracking.require_packages(job.train, backend_python(self.name, "axolotl", accelerator=job.hardware.accelerator),
+                                  "envs/axolotl.yaml")
         launch = self.native(job, dict(os.environ))
         if job.train.objective == "sft":
             export_tokens(job.prepared_dir, launch["dataset"])

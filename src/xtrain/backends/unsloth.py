@@ -82,7 +82,8 @@ class Unsloth:
         }
 
     def run(self, job: TrainJob) -> TrainResult:
-        tracking.require_packages(job.train, backend_python(self.name, "unsloth"), "envs/unsloth.yaml")
+        tracking.require_packages(job.train, backend_python(self.name, "unsloth", accelerator=job.hardware.accelerator),
+                                  "envs/unsloth.yaml")
         launch = self.native(job)
         job.work_dir.mkdir(parents=True, exist_ok=True)
         result = Path(launch["job"]["result"])
