@@ -343,7 +343,8 @@ def test_one_gpu_runs_the_single_device_recipe():
 
 
 def test_eight_gpus_run_the_distributed_recipe_one_process_each():
-    assert tune_launch(Hardware(accelerator="cuda", gpus=8), {}, Train(backend="torchtune", method="full", lora=None)) == [
+    full = Train(backend="torchtune", method="full", lora=None)
+    assert tune_launch(Hardware(accelerator="cuda", gpus=8), {}, full) == [
         *TUNE, "--nproc-per-node=8", "--standalone", "full_finetune_distributed", *OVERRIDES]
 
 
@@ -388,9 +389,9 @@ def test_the_plans_layout_becomes_the_distributed_recipes_fsdp_settings(tiny_mod
 
 
 def test_full_dpo_gets_its_reference_checkpointer_and_clipping_lora_dpo_none(tiny_model, tmp_path):
-    one_gpu = Hardware(accelerator="cuda", gpus=1)
-    full = distributed_config(tiny_model, tmp_path, tiny_dpo("torchtune", method="full", lora=None), one_gpu)
-    assert torchtune_backend.recipe_name(tiny_dpo("torchtune", method="full", lora=None), one_gpu) == "full_dpo_distributed"
+    one_gpu, full_dpo = Hardware(accelerator="cuda", gpus=1), tiny_dpo("torchtune", method="full", lora=None)
+    full = distributed_config(tiny_model, tmp_path, full_dpo, one_gpu)
+    assert torchtune_backend.recipe_name(full_dpo, one_gpu) == "full_dpo_distributed"
     assert full["ref_checkpointer"] == full["checkpointer"] and full["clip_grad_norm"] == 1.0
     assert full["fsdp_reshard_after_forward"] is False  # one device: nothing to shard
     lora = distributed_config(tiny_model, tmp_path, tiny_dpo("torchtune"), Hardware(accelerator="cuda", gpus=2),
@@ -417,8 +418,9 @@ def test_rows_trained_over_devices_follow_torchtunes_distributed_sampler():
 
 
 # Every hardware shape the lane claims (capabilities), and what each recipe the lane runs is given on it.
-SHAPES = {"cpu": Hardware(), "1 cuda": Hardware(accelerator="cuda", gpus=1), "8 cuda": Hardware(accelerator="cuda", gpus=8),
-          "1 rocm": Hardware(accelerator="rocm", gpus=1), "8 rocm": Hardware(accelerator="rocm", gpus=8),
+SHAPES = {"cpu": Hardware(), "1 cuda": Hardware(accelerator="cuda", gpus=1),
+          "8 cuda": Hardware(accelerator="cuda", gpus=8), "1 rocm": Hardware(accelerator="rocm", gpus=1),
+          "8 rocm": Hardware(accelerator="rocm", gpus=8),
           "2 nodes x 8 cuda": Hardware(accelerator="cuda", gpus=8, nodes=2)}
 KINDS = [{}, {"method": "full", "lora": None}, {"objective": "dpo", "preference": Preference()},
          {"objective": "dpo", "preference": Preference(), "method": "full", "lora": None}]
@@ -429,7 +431,8 @@ VALIDATE = ("import sys\nfrom torchtune._cli.tune import main\nfor path in sys.a
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_every_config_for_every_claimed_shape_passes_tune_validate(shape, tiny_model, prepared, torchtune_env, tmp_path):
+def test_every_config_for_every_claimed_shape_passes_tune_validate(shape, tiny_model, prepared, torchtune_env,
+                                                                    tmp_path):
     """The plan's layout (micro-batch, accumulation, checkpointing, strategy) lands as is in each config, and
     torchtune's own `tune validate` accepts it."""
     from xtrain.plan import make_plan
@@ -446,8 +449,9 @@ def test_every_config_for_every_claimed_shape_passes_tune_validate(shape, tiny_m
         job = TrainJob(tiny_model, prepared, plan, train, hardware, tmp_path / "out", tmp_path, None)
         config = torchtune_backend.torchtune_config(job, rows, packed=False)
         layout = plan.layout
-        assert (config["batch_size"], config["gradient_accumulation_steps"], config["enable_activation_checkpointing"]) \
-            == (layout.micro_batch_size, layout.gradient_accumulation_steps, plan.gradient_checkpointing)
+        settings = ("batch_size", "gradient_accumulation_steps", "enable_activation_checkpointing")
+        assert [config[key] for key in settings] == [layout.micro_batch_size, layout.gradient_accumulation_steps,
+                                                     plan.gradient_checkpointing]
         if torchtune_backend.recipe_name(train, hardware).endswith("_distributed"):
             assert config["fsdp_reshard_after_forward"] is torchtune_backend.RESHARD_AFTER_FORWARD[layout.strategy]
         files.append(tmp_path / f"torchtune-{index}.yaml")

@@ -7,8 +7,8 @@ shape with torchtune's Llama 3.2 component builders, HF checkpoints in and out, 
 the dataset), checks it with `tune validate`, launches `tune run` with the device overrides, and turns
 torchtune's output into the checkpoint contract: the PEFT adapter (or the full model) and the tokenizer,
 and the loss curve from torchtune's metric log. torchtune 0.6.1's distributed recipes do not run on the CPU
-(docs/backends.md has their errors), so CPU training is one process. `xtrain_backend_side.torchtune_components` holds the components the
-config names; it runs inside torchtune's environment.
+(docs/backends.md has their errors), so CPU training is one process. `xtrain_backend_side.torchtune_components`
+holds the components the config names; it runs inside torchtune's environment.
 """
 
 from __future__ import annotations
