@@ -458,3 +458,33 @@ def test_every_config_for_every_claimed_shape_passes_tune_validate(shape, tiny_m
         files[-1].write_text(yaml.safe_dump(config))
     python = torchtune_backend.backend_python("torchtune", "torchtune")
     run_command([python, "-c", VALIDATE, *map(str, files)], env={"PYTHONPATH": BACKEND_SIDE_PATH})
+
+
+def test_run_launches_the_distributed_recipe_and_says_what_ddp_becomes(tiny_model, packed_prepared, tmp_path,
+                                                                       monkeypatch, caplog):
+    """`run` on two GPUs: `tune validate`, then `tune run` with torchrun's options, and the plan's ddp layout said
+    in the log as FSDP2 without resharding (the fake launch leaves a NaN loss, so the run stops there)."""
+    from xtrain.plan import make_plan
+
+    train = Train(backend="torchtune", global_batch_size=4, max_steps=2, report_to=[])
+    two_gpus = Hardware(accelerator="cuda", gpus=2)
+    plan = make_plan(tiny_model, read_json(packed_prepared / "manifest.json"), train, two_gpus)
+    assert plan.layout.strategy == "ddp"
+    job = TrainJob(tiny_model, packed_prepared, plan, train, two_gpus, tmp_path / "out", tmp_path / "runs", None)
+    commands = []
+
+    def fake_torchtune(command, **kwargs):
+        commands.append(command)
+        if "run" in command:
+            logs = tmp_path / "runs" / "torchtune" / "logs"
+            logs.mkdir(parents=True)
+            (logs / "log_1.txt").write_text("Step 1 | loss:nan lr:0.0002\n")
+
+    monkeypatch.setattr(torchtune_backend, "backend_python", lambda backend, module, must_exist=True: "python")
+    monkeypatch.setattr(torchtune_backend, "run_command", fake_torchtune)
+    with caplog.at_level("INFO"), pytest.raises(XtrainError, match="NaN or infinite by step 1"):
+        get_backend("torchtune").run(job)
+    assert [command[3] for command in commands] == ["validate", "run"]
+    assert commands[1][4:7] == ["--nproc-per-node=2", "--standalone", "lora_finetune_distributed"]
+    assert yaml.safe_load((tmp_path / "runs" / "torchtune.yaml").read_text())["fsdp_reshard_after_forward"] is False
+    assert "plan layout ddp -> torchtune FSDP2 with fsdp_reshard_after_forward: False" in caplog.text
