@@ -44,16 +44,19 @@ def row_order(rows: int, seed: int) -> list[int]:
     return torch.randperm(rows, generator=generator).tolist()
 
 
-def rows_trained(rows: int, seed: int, epochs: int, rows_per_epoch: int) -> list[int]:
-    """The prepared rows (indices into train.parquet) torchtune trains on, in order: each epoch its sampler
-    draws randperm(rows) seeded SAMPLER_SEED + epoch over our seed-ordered dataset, and the epoch ends after
-    `rows_per_epoch` rows (whole optimizer steps)."""
+def rows_trained(rows: int, seed: int, epochs: int, rows_per_epoch: int, replicas: int = 1) -> list[int]:
+    """The prepared rows (indices into train.parquet) torchtune trains on, over all `replicas` devices: each
+    epoch its sampler draws randperm(rows) seeded SAMPLER_SEED + epoch over our seed-ordered dataset, padded to a
+    multiple of `replicas` with its first rows, device r taking every replicas-th from r; the epoch ends after
+    `rows_per_epoch` rows over all devices (whole optimizer steps), i.e. the padded permutation's first ones."""
     order = row_order(rows, seed)
+    padding = -rows % replicas
     trained = []
     for epoch in range(epochs):
         generator = torch.Generator()
         generator.manual_seed(SAMPLER_SEED + epoch)
-        trained += [order[i] for i in torch.randperm(rows, generator=generator).tolist()[:rows_per_epoch]]
+        drawn = torch.randperm(rows, generator=generator).tolist()
+        trained += [order[i] for i in (drawn + drawn[:padding])[:rows_per_epoch]]
     return trained
 
 

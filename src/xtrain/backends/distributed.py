@@ -1,7 +1,7 @@
 """Launching a training program as one process per device: torchrun on one node, `srun` + torchrun with a c10d
 rendezvous on several (inside the Slurm allocation the train job runs in). Shared by every backend whose
-framework trains under torchrun (trl_local's workers, Axolotl's CLI), with the device check before a launch and
-the decoder blocks FSDP wraps.
+framework trains under torchrun (trl_local's workers, Axolotl's CLI, torchtune's `tune run`, which takes
+torchrun's own options), with the device check before a launch and the decoder blocks FSDP wraps.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ..recipe import Hardware
 from .base import TrainJob
 
 RENDEZVOUS_PORT = 29500  # torchrun's default; MASTER_PORT overrides it
+TORCHRUN = ("-m", "torch.distributed.run")
 
 
 def check_nodes(hardware: Hardware, env: dict[str, str]) -> None:
@@ -41,11 +42,13 @@ def first_host(nodelist: str) -> str:
     return match.group(1) + (match.group(2) or "")
 
 
-def torchrun_command(python: str, hardware: Hardware, worker: list[str], env: dict[str, str]) -> list[str]:
+def torchrun_command(python: str, hardware: Hardware, worker: list[str], env: dict[str, str],
+                     launcher: tuple[str, ...] = TORCHRUN) -> list[str]:
     """The launch of `worker` (the program and arguments each process runs, e.g. `-m module config`): torchrun
-    with one process per device of a node; on several nodes, under `srun` (one torchrun per node) with a c10d
-    rendezvous on the allocation's first host."""
-    torchrun = [python, "-m", "torch.distributed.run", f"--nproc-per-node={hardware.processes_per_node}"]
+    (or `launcher`, another program that takes torchrun's options, run by `python`) with one process per device
+    of a node; on several nodes, under `srun` (one launcher per node) with a c10d rendezvous on the allocation's
+    first host."""
+    torchrun = [python, *launcher, f"--nproc-per-node={hardware.processes_per_node}"]
     if hardware.nodes == 1:
         return [*torchrun, "--standalone", *worker]  # a free local port: runs side by side do not collide
     check_nodes(hardware, env)

@@ -1,12 +1,14 @@
-"""`torchtune`: torchtune 0.6.1's single-device LoRA / full fine-tune recipes and its LoRA DPO recipe
-(`lora_dpo_single_device`), in their own environment.
+"""`torchtune`: torchtune 0.6.1's LoRA / full fine-tune and DPO recipes, in their own environment: the
+single-device recipes on one device, the distributed ones (FSDP2, under torchrun's options of `tune run`) on
+several GPUs of a node, and under `srun` across the nodes of a Slurm allocation.
 
 The backend translates recipe + plan into a torchtune config (the model built from the Hugging Face config's
 shape with torchtune's Llama 3.2 component builders, HF checkpoints in and out, xtrain's prepared tokens as
 the dataset), checks it with `tune validate`, launches `tune run` with the device overrides, and turns
 torchtune's output into the checkpoint contract: the PEFT adapter (or the full model) and the tokenizer,
-and the loss curve from torchtune's metric log. `xtrain_backend_side.torchtune_components` holds the components the
-config names; it runs inside torchtune's environment.
+and the loss curve from torchtune's metric log. torchtune 0.6.1's distributed recipes do not run on the CPU
+(docs/backends.md has their errors), so CPU training is one process. `xtrain_backend_side.torchtune_components`
+holds the components the config names; it runs inside torchtune's environment.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import shutil
 import time
@@ -29,8 +32,10 @@ from .. import tracking
 from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
+from ..plan.schema import Layout
 from ..recipe import Hardware, Train
 from .base import PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, grouped_lora_targets
+from .distributed import found_device, slurm_placeholders, torchrun_command
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +47,17 @@ LORA_GROUPS = {**{name: (name,) for name in ATTENTION}, "mlp": MLP}
 DTYPE = {"fp32": "fp32", "bf16": "bf16"}
 # train.preference.loss_type -> torchtune 0.6.1's DPO losses (it has no IPO loss), and the name each gives beta.
 DPO_LOSSES = {"sigmoid": ("torchtune.rlhf.loss.DPOLoss", "beta"), "hinge": ("torchtune.rlhf.loss.RSOLoss", "gamma")}
-RECIPES = {("sft", "lora"): "lora_finetune_single_device", ("sft", "full"): "full_finetune_single_device",
-           ("dpo", "lora"): "lora_dpo_single_device"}
+# (objective, method) -> torchtune's recipe, `<name>_single_device` on one device, `<name>_distributed` on more;
+# full DPO has a distributed recipe only.
+RECIPES = {("sft", "lora"): "lora_finetune", ("sft", "full"): "full_finetune", ("dpo", "lora"): "lora_dpo",
+           ("dpo", "full"): "full_dpo"}
+SINGLE_DEVICE = ("lora_finetune", "full_finetune", "lora_dpo")
+# plan.layout.strategy -> the distributed recipes' `fsdp_reshard_after_forward` (they always shard with FSDP2):
+# fsdp frees each layer's gathered weights after its forward (FULL_SHARD); ddp keeps them gathered until the
+# backward (SHARD_GRAD_OP), a replica's weights with its gradients and optimizer states sharded; single (full DPO
+# on one GPU) has nothing to shard.
+RESHARD_AFTER_FORWARD = {"fsdp": True, "ddp": False, "single": False}
+TUNE_RUN = ("-m", "torchtune._cli.tune", "run")  # `tune run`, which takes torchrun's options before the recipe
 # torchtune's metric log: "Step 3 | loss:6.93 lr:0.005 tokens_per_second_per_gpu:1234.5 ..."
 STEP_LINE = re.compile(r"^Step (\d+) \| (.*)$")
 
@@ -112,15 +126,27 @@ def dpo_loss(train: Train) -> dict[str, Any]:
     return {"_component_": component, beta: settings.beta}
 
 
-def recipe_name(train: Train) -> str:
-    """The torchtune recipe that trains the objective with the method; one it has none for is an error."""
-    if (train.objective, train.method) not in RECIPES:
+def recipe_name(train: Train, hardware: Hardware) -> str:
+    """The torchtune recipe that trains the objective with the method on this hardware: single-device on one
+    device, distributed on more (and for full DPO, which has no single-device recipe, on one GPU too). The
+    distributed recipes do not run on the CPU: asking for one there is an error naming the fix."""
+    name = RECIPES[train.objective, train.method]
+    if hardware.devices == 1 and name in SINGLE_DEVICE:
+        return f"{name}_single_device"
+    if hardware.accelerator == "cpu":
+        fix = ("set hardware.processes: 1" if name in SINGLE_DEVICE else
+               "set train.method: lora (lora_dpo_single_device), or train on a GPU (hardware.accelerator: cuda)")
         raise XtrainError(
-            f"train.backend torchtune trains train.objective {train.objective} with train.method lora only "
-            "(lora_dpo_single_device; its full DPO recipe runs distributed only): set train.method: lora, or "
-            "train.backend: trl_cpu"
+            f"train.backend torchtune would run {name}_distributed here, and torchtune 0.6.1's distributed recipes "
+            f"do not run on the CPU (docs/backends.md): {fix}, or set train.backend: trl_cpu"
         )
-    return RECIPES[train.objective, train.method]
+    return f"{name}_distributed"
+
+
+def per_device_rows(train_rows: int, devices: int) -> int:
+    """Rows each device draws per epoch: torchtune's distributed sampler pads the rows to a multiple of the
+    device count by repeating the first ones of its permutation."""
+    return -(-train_rows // devices)
 
 
 def epochs_and_cap(total_steps: int, steps_per_epoch: int) -> tuple[int, int | None]:
@@ -142,13 +168,14 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
     train, plan = job.train, job.plan
     layout = plan.layout
     sft = train.objective == "sft"
+    recipe = recipe_name(train, job.hardware)
     micro, accumulation = layout.micro_batch_size, layout.gradient_accumulation_steps
     # torchtune's loader drops the last partial batch, and an epoch ends after whole optimizer steps.
-    steps_per_epoch = (train_rows // micro) // accumulation
+    steps_per_epoch = (per_device_rows(train_rows, layout.devices) // micro) // accumulation
     if steps_per_epoch < 1:
         raise XtrainError(
-            f"{train_rows} train rows make no full optimizer step of {micro} x {accumulation} rows; lower "
-            "train.global_batch_size"
+            f"{train_rows} train rows make no full optimizer step of {micro} x {accumulation} rows on each of "
+            f"{layout.devices} device(s); lower train.global_batch_size"
         )
     epochs, cap = epochs_and_cap(plan.time.steps, steps_per_epoch)
     out = job.work_dir / "torchtune"
@@ -202,17 +229,28 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
         "log_every_n_steps": 1,
         "profiler": {"_component_": "torchtune.training.setup_torch_profiler", "enabled": False},
     }
-    if not sft:
-        del config["clip_grad_norm"]  # the DPO recipe does not clip gradients (said in the log when it runs)
+    if recipe.startswith("lora_dpo"):
+        del config["clip_grad_norm"]  # the LoRA DPO recipes do not clip gradients (said in the log when it runs)
+    if recipe.endswith("_distributed"):
+        # FSDP2 as the plan laid it out: sharding from its strategy (see RESHARD_AFTER_FORWARD), nothing offloaded
+        # to the host (the plan fits the step in the device's memory or refuses it).
+        config["fsdp_cpu_offload"] = False
+        config["fsdp_reshard_after_forward"] = RESHARD_AFTER_FORWARD[layout.strategy]
+    if recipe == "full_dpo_distributed":
+        config["ref_checkpointer"] = dict(config["checkpointer"])  # the frozen reference: the base model
     return config
 
 
-def launch_command(python: str, recipe: str, config: Path, device: str, dtype: str) -> list[str]:
-    """`tune run <recipe> --config X` with the device settings as command-line overrides."""
-    return [
-        python, "-m", "torchtune._cli.tune", "run", recipe, "--config", str(config),
-        f"device={device}", f"dtype={dtype}", "compile=False", f"log_peak_memory_stats={device == 'cuda'}",
-    ]
+def launch_command(python: str, recipe: str, config: Path, device: str, dtype: str, hardware: Hardware,
+                   env: dict[str, str]) -> list[str]:
+    """`tune run <recipe> --config X` with the device settings as command-line overrides; a distributed recipe
+    with torchrun's options before it (one process per GPU of a node; on several nodes, one `tune run` per node
+    under srun with a c10d rendezvous: `distributed.torchrun_command`)."""
+    worker = [recipe, "--config", str(config), f"device={device}", f"dtype={dtype}", "compile=False",
+              f"log_peak_memory_stats={device == 'cuda'}"]
+    if recipe.endswith("_single_device"):
+        return [python, *TUNE_RUN, *worker]
+    return torchrun_command(python, hardware, worker, env, launcher=TUNE_RUN)
 
 
 def log_history(log_file: Path, logging_steps: int) -> list[dict[str, Any]]:
@@ -310,11 +348,27 @@ def adapter_tolerance(precision: str) -> float:
     return 1e-3 if precision == "fp32" else 0.1
 
 
+def log_sharding(layout: Layout, config: dict[str, Any]) -> None:
+    """Say what the distributed recipes' FSDP2 makes of the plan's layout: a `ddp` plan is sharded too."""
+    if "fsdp_reshard_after_forward" not in config:
+        return
+    if layout.strategy == "ddp":
+        log.info("plan layout ddp -> torchtune FSDP2 with fsdp_reshard_after_forward: False (its distributed recipes "
+                 "always shard): each device keeps the whole model's weights gathered from forward to backward as a "
+                 "DDP replica does, and holds 1/%d of the gradients and optimizer states, so it needs at most the "
+                 "plan's DDP memory", layout.devices)
+    else:
+        log.info("plan layout %s -> torchtune FSDP2 over %d device(s), fsdp_reshard_after_forward: %s, "
+                 "fsdp_cpu_offload: False", layout.strategy, layout.devices, config["fsdp_reshard_after_forward"])
+
+
 class Torchtune:
     name = "torchtune"
-    # Its single-device recipes; its environment holds a CPU/CUDA torch.
+    # Any GPU count and node count through its distributed recipes; ROCm through torch's cuda device and
+    # nccl (RCCL) API, which is all torchtune calls. One CPU process: its distributed recipes fail on the CPU.
     capabilities = Capabilities(
-        status="trains", accelerators=("cpu", "cuda"), max_gpus_per_node=1, max_nodes=1, max_processes=1,
+        status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None,
+        max_processes=1,
         methods=("lora", "full"), objectives=("sft", "dpo"), precisions=("fp32", "bf16"), packing=True, resume=False,
     )
     fields = {
@@ -344,35 +398,42 @@ class Torchtune:
         "train.report_to": "config.metric_logger.loggers",
         "train.mlflow_tracking_uri": "config.metric_logger.loggers.mlflow.tracking_uri",
         "hardware.accelerator": "argv",
-        "hardware.gpus": "capabilities",
-        "hardware.nodes": "capabilities",
+        "hardware.gpus": "argv",
+        "hardware.nodes": "argv",
         "hardware.processes": "capabilities",
         **PLANNED_HARDWARE,
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        recipe_name(train)
+        recipe_name(train, hardware)
         if train.method == "lora":
             lora_layout(train.lora.target_modules)
         if train.objective == "dpo":
             dpo_loss(train)
 
     def native(self, job: TrainJob) -> dict:
-        """torchtune's config, `tune run` and its environment; `train_rows`: the prepared train rows' lengths."""
+        """torchtune's config, `tune run` and its environment; `train_rows`: the prepared train rows' lengths. A
+        multi-node launch names the Slurm variables it reads (`run` launches with their values)."""
+        return self.launch(job, slurm_placeholders(job.hardware))
+
+    def launch(self, job: TrainJob, env: dict[str, str]) -> dict:
+        """`native`, with `env` the environment the launch reads (the Slurm allocation's, on several nodes)."""
         import pyarrow.parquet as pq
 
         if job.plan.precision not in DTYPE:
             raise XtrainError(f"plan precision {job.plan.precision!r} is not supported by torchtune; re-run the plan")
         lengths = [row_tokens(row) for row in pq.read_table(split_file(job.prepared_dir)).to_pylist()]
         config = torchtune_config(job, len(lengths), train_split_is_packed(job.prepared_dir))
-        python = backend_python("torchtune", "torchtune", must_exist=False)
-        recipe = recipe_name(job.train)
-        device = "cuda" if job.hardware.accelerator == "cuda" else "cpu"
+        python = backend_python("torchtune", "torchtune", must_exist=False, accelerator=job.hardware.accelerator)
+        recipe = recipe_name(job.train, job.hardware)
+        # torch's ROCm build drives AMD GPUs through the cuda device (HIP) and nccl (RCCL).
+        device = "cpu" if job.hardware.accelerator == "cpu" else "cuda"
         config_file = job.work_dir / "torchtune.yaml"
         return {
-            "config": config, "config_file": config_file, "train_rows": lengths,
+            "config": config, "config_file": config_file, "train_rows": lengths, "recipe": recipe,
             "validate": [python, "-m", "torchtune._cli.tune", "validate", str(config_file)],
-            "argv": launch_command(python, recipe, config_file, device, DTYPE[job.plan.precision]),
+            "argv": launch_command(python, recipe, config_file, device, DTYPE[job.plan.precision], job.hardware,
+                                   env),
             "env": {"PYTHONPATH": BACKEND_SIDE_PATH},
             # torchtune logs every step; `log_history` averages them over train.logging_steps as the trl backends do.
             "logging_steps": job.train.logging_steps,
@@ -381,7 +442,9 @@ class Torchtune:
     def run(self, job: TrainJob) -> TrainResult:
         from xtrain_backend_side.torchtune_components import rows_trained
 
-        tracking.require_packages(job.train, backend_python("torchtune", "torchtune"), "envs/torchtune.yaml")
+        found_device(job.hardware)
+        python = backend_python("torchtune", "torchtune", accelerator=job.hardware.accelerator)
+        tracking.require_packages(job.train, python, "envs/torchtune.yaml")
         if job.plan.precision == "bf16":
             log.info("plan precision bf16 -> torchtune dtype=bf16: torchtune holds weights and activations in "
                      "bf16 (it has no fp32-weights autocast mode)")
@@ -392,11 +455,12 @@ class Torchtune:
                  "torchtune's sampler itself always shuffles with seed 0")
         log.info("train.checkpoint_minutes is not applied: torchtune 0.6.1 saves its resumable state at the end "
                  "of each epoch only; an interrupted run restarts")
-        if job.train.objective == "dpo":
-            log.warning("train.max_grad_norm %s is not applied: torchtune 0.6.1's lora_dpo_single_device recipe does "
-                        "not clip gradients", job.train.max_grad_norm)
         shutil.rmtree(job.work_dir, ignore_errors=True)  # a torchtune run starts over (see above)
-        launch = self.native(job)
+        launch = self.launch(job, dict(os.environ))
+        if launch["recipe"].startswith("lora_dpo"):
+            log.warning("train.max_grad_norm %s is not applied: torchtune 0.6.1's %s recipe does not clip gradients",
+                        job.train.max_grad_norm, launch["recipe"])
+        log_sharding(job.plan.layout, launch["config"])
         config, lengths = launch["config"], launch["train_rows"]
         job.work_dir.mkdir(parents=True)
         launch["config_file"].write_text(yaml.safe_dump(config, sort_keys=False))
@@ -426,7 +490,8 @@ class Torchtune:
                     f"(relative difference {error:.2e}); its adapter export does not fit this model"
                 )
         steps_per_epoch = config["max_steps_per_epoch"] or history[-1]["step"] // config["epochs"]
-        rows_per_epoch = steps_per_epoch * config["gradient_accumulation_steps"] * config["batch_size"]
-        trained = rows_trained(len(lengths), job.train.seed, config["epochs"], rows_per_epoch)
+        devices = job.plan.layout.devices
+        rows_per_epoch = steps_per_epoch * config["gradient_accumulation_steps"] * config["batch_size"] * devices
+        trained = rows_trained(len(lengths), job.train.seed, config["epochs"], rows_per_epoch, devices)
         return TrainResult(log_history=history, tokens_seen=sum(lengths[row] for row in trained),
                            train_seconds=seconds)
