@@ -54,7 +54,7 @@ def llama8b_folder(tiny_model: Path, out: Path, template: str | None = None, **c
     return out
 
 
-@pytest.mark.parametrize("backend", ["trl_local", "axolotl"])
+@pytest.mark.parametrize("backend", ["trl_local", "axolotl", "torchtune"])
 def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_path, tiny_model, backend):
     if backend != "trl_local":
         ensure_backend_env(backend)
@@ -86,7 +86,10 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
     assert plan["gpus"] == 8 and plan["device"] == "h100" and plan["peak_gib_per_device"] < plan["budget_gib_per_device"]
     assert plan["cost"] == pytest.approx(plan["gpu_hours"] * 2.5, abs=0.01)
     assert "--nproc-per-node=8" in steps["launch"]["argv"] and steps["launch"]["resources"]["gpus"] == 8
-    assert read_json(out / "launch.json")["config"]["bf16"] is True
+    if backend == "torchtune":  # the precision is on its command line
+        assert "dtype=bf16" in steps["launch"]["argv"] and "--nproc-per-node=8" in steps["launch"]["argv"]
+    else:
+        assert read_json(out / "launch.json")["config"]["bf16"] is True
     report = (out / "report.md").read_text()
     assert report.startswith("# Smoke test of recipes/llama8b.yaml: PASSED") and "8 x h100 GPU(s) per node" in report
     assert "GPU-hours, cost" in report and "Verdict: ready to submit." in report

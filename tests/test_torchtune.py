@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -489,3 +490,35 @@ def test_run_launches_the_distributed_recipe_and_says_what_ddp_becomes(tiny_mode
     assert commands[1][4:7] == ["--nproc-per-node=2", "--standalone", "lora_finetune_distributed"]
     assert yaml.safe_load((tmp_path / "runs" / "torchtune.yaml").read_text())["fsdp_reshard_after_forward"] is False
     assert "plan layout ddp -> torchtune FSDP2 with fsdp_reshard_after_forward: False" in caplog.text
+
+
+# Llama 3.1's rope_scaling as its config.json ships it.
+LLAMA_3_1_ROPE = {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                  "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
+
+@pytest.mark.slow
+def test_llama_3_1_rope_scaling_gives_torchtune_the_frequencies_transformers_uses(torchtune_env, tmp_path):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = {"model_type": "llama", "rope_scaling": LLAMA_3_1_ROPE, "rope_theta": 500000.0}
+    factor = torchtune_backend.rope_scale_factor(tmp_path, config)
+    assert factor == 8.0
+    hf_config = LlamaConfig(hidden_size=256, num_attention_heads=2, max_position_embeddings=131072,
+                            rope_scaling={**LLAMA_3_1_ROPE, "rope_theta": 500000.0})
+    inverse, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config, "cpu")
+    script = ("import json, sys\nfrom torchtune.models.llama3_1._position_embeddings import Llama3ScaledRoPE\n"
+              "rope = Llama3ScaledRoPE(dim=128, max_seq_len=16, base=500000.0, scale_factor=float(sys.argv[1]))\n"
+              "print(json.dumps(rope.theta.tolist()))")
+    python = torchtune_backend.backend_python("torchtune", "torchtune")
+    printed = subprocess.run([python, "-c", script, str(factor)], capture_output=True, text=True, check=True).stdout
+    theta = json.loads(printed.strip().splitlines()[-1])
+    assert torch.tensor(theta) == pytest.approx(inverse, rel=1e-6)
+
+
+def test_rope_scaling_torchtune_cannot_build_is_refused_by_name(tmp_path):
+    for scaling in ({**LLAMA_3_1_ROPE, "low_freq_factor": 2.0}, {"rope_type": "yarn", "factor": 4.0}):
+        with pytest.raises(XtrainError, match=r"rope scaling .* is not mapped by the torchtune backend.*trl_local"):
+            torchtune_backend.rope_scale_factor(tmp_path, {"rope_scaling": scaling})
+    assert torchtune_backend.rope_scale_factor(tmp_path, {"rope_parameters": {"rope_type": "default"}}) == 1

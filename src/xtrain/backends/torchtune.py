@@ -68,9 +68,40 @@ def lora_layout(target_modules: list[str]) -> tuple[list[str], bool]:
     return [ATTENTION[name] for name in groups if name in ATTENTION], "mlp" in groups
 
 
+def weight_files(model_dir: Path) -> list[str]:
+    """The model's safetensors files, for torchtune's HF checkpointer: those its index names, else those present
+    (none yet for a model smoke-tested before its weights arrive: `run` refuses that)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return sorted(path.name for path in model_dir.glob("*.safetensors"))
+
+
+# torchtune's Llama3ScaledRoPE takes the scale factor only; the rest of Llama 3.1's `rope_scaling` is fixed there.
+LLAMA3_ROPE_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def rope_scale_factor(model_dir: Path, config: dict[str, Any]) -> float:
+    """The `scale_factor` of torchtune's Llama 3 RoPE for the Hugging Face config: 1 (plain RoPE) without rope
+    scaling; Llama 3.1 / 3.2's `llama3` scaling (transformers' `rope_scaling`, or `rope_parameters` since
+    transformers 5) maps to its factor when its other values are the ones torchtune fixes."""
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return 1
+    if kind == "llama3" and all(float(scaling.get(key, -1)) == value for key, value in LLAMA3_ROPE_FIXED.items()):
+        return scaling["factor"]
+    settings = {key: value for key, value in scaling.items() if key != "rope_theta"}
+    raise XtrainError(
+        f"{model_dir}/config.json: rope scaling {settings} is not mapped by the torchtune backend (its Llama 3 RoPE "
+        f"takes `llama3` scaling with {LLAMA3_ROPE_FIXED} only); set train.backend: trl_local, trl_cpu or axolotl"
+    )
+
+
 def model_component(model_dir: Path, train: Train) -> dict[str, Any]:
-    """torchtune's Llama 3.2 builder with the Hugging Face config's shape. Its RoPE with scale_factor 1 is
-    plain RoPE, as in LlamaConfig without rope scaling; tied embeddings are kept tied."""
+    """torchtune's Llama 3.2 builder with the Hugging Face config's shape: its scaled RoPE with the config's
+    `llama3` scaling factor, or with scale_factor 1 (plain RoPE, as in LlamaConfig without rope scaling); tied
+    embeddings are kept tied."""
     config = json.loads((model_dir / "config.json").read_text())
     if config.get("model_type") != "llama":
         raise XtrainError(
@@ -78,10 +109,6 @@ def model_component(model_dir: Path, train: Train) -> dict[str, Any]:
             "models only (its Qwen2 adapter export permutes q/k wrongly)"
         )
     rope = config.get("rope_parameters") or {}
-    if (config.get("rope_scaling") or {}).get("rope_type", "default") != "default" or rope.get(
-        "rope_type", "default"
-    ) != "default":
-        raise XtrainError(f"{model_dir}/config.json: rope scaling is not mapped by the torchtune backend")
     heads = config["num_attention_heads"]
     shape = {
         "vocab_size": config["vocab_size"],
@@ -94,7 +121,7 @@ def model_component(model_dir: Path, train: Train) -> dict[str, Any]:
         "attn_dropout": config.get("attention_dropout", 0.0),
         "norm_eps": config["rms_norm_eps"],
         "rope_base": rope.get("rope_theta", config.get("rope_theta", 10000.0)),
-        "scale_factor": 1,
+        "scale_factor": rope_scale_factor(model_dir, config),
         "tie_word_embeddings": config.get("tie_word_embeddings", False),
     }
     if config.get("head_dim", config["hidden_size"] // heads) * heads != config["hidden_size"]:
@@ -179,9 +206,6 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
         )
     epochs, cap = epochs_and_cap(plan.time.steps, steps_per_epoch)
     out = job.work_dir / "torchtune"
-    weights = sorted(path.name for path in job.model_dir.glob("*.safetensors"))
-    if not weights:
-        raise XtrainError(f"{job.model_dir}: no *.safetensors weights; torchtune's HF checkpointer reads safetensors")
     config = {
         "output_dir": str(out),
         "model": model_component(job.model_dir, train),
@@ -189,7 +213,7 @@ def torchtune_config(job: TrainJob, train_rows: int, packed: bool) -> dict[str, 
         "checkpointer": {
             "_component_": "torchtune.training.FullModelHFCheckpointer",
             "checkpoint_dir": str(job.model_dir),
-            "checkpoint_files": weights,
+            "checkpoint_files": weight_files(job.model_dir),
             "output_dir": str(out),
             "model_type": "LLAMA3_2",
             "recipe_checkpoint": None,
@@ -455,6 +479,9 @@ class Torchtune:
                  "torchtune's sampler itself always shuffles with seed 0")
         log.info("train.checkpoint_minutes is not applied: torchtune 0.6.1 saves its resumable state at the end "
                  "of each epoch only; an interrupted run restarts")
+        if not weight_files(job.model_dir):
+            raise XtrainError(f"{job.model_dir}: no *.safetensors weights; torchtune's HF checkpointer reads "
+                              "safetensors")
         shutil.rmtree(job.work_dir, ignore_errors=True)  # a torchtune run starts over (see above)
         launch = self.launch(job, dict(os.environ))
         if launch["recipe"].startswith("lora_dpo"):
