@@ -19,9 +19,32 @@ def tiny_train(**changes) -> Train:
     return backend_train("unsloth", **changes)
 
 
-def test_a_gpu_recipe_is_refused_before_launch():
-    with pytest.raises(XtrainError, match="runs on hardware.accelerator cpu, not 'cuda'"):
-        backends.check("unsloth", tiny_train(), Hardware(accelerator="cuda", gpus=1))
+def test_more_than_one_gpu_rocm_and_cpu_processes_are_refused_by_its_capabilities():
+    backends.check("unsloth", tiny_train(), Hardware(accelerator="cuda", gpus=1))
+    for hardware, fix in ((Hardware(accelerator="cuda", gpus=8), "set hardware.gpus: 1"),
+                          (Hardware(accelerator="rocm", gpus=1), "set hardware.accelerator: cpu"),
+                          (Hardware(processes=2), "set hardware.processes: 1")):
+        with pytest.raises(XtrainError, match=fix):
+            backends.check("unsloth", tiny_train(), hardware)
+
+
+def test_one_gpu_trains_with_the_plans_autocast_and_a_16_bit_lora_base(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "prepared").mkdir()
+    rows = pa.table({"input_ids": [[1, 2]], "assistant_masks": [[0, 1]]})
+    pq.write_table(rows, tmp_path / "prepared" / "train.parquet")
+    plan = sample_plan(precision="bf16", weights_dtype="bf16")
+    gpu = TrainJob(tmp_path / "model", tmp_path / "prepared", plan, tiny_train(), Hardware(accelerator="cuda", gpus=1),
+                   tmp_path / "out", tmp_path / "work", None)
+    launch = get_backend("unsloth").native(gpu)
+    assert launch["job"]["weights_dtype"] == "bf16"
+    assert (launch["job"]["trainer"]["use_cpu"], launch["job"]["trainer"]["bf16"]) == (False, True)
+    assert launch["argv"][0] == ".venvs/unsloth-cuda/bin/python"
+    cpu = TrainJob(tmp_path / "model", tmp_path / "prepared", plan, tiny_train(), Hardware(), tmp_path / "out",
+                   tmp_path / "work", None)
+    assert get_backend("unsloth").native(cpu)["job"]["weights_dtype"] == "fp32"
 
 
 def test_all_linear_targets_are_refused_with_the_names_to_list():

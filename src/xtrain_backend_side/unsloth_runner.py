@@ -50,7 +50,9 @@ def main(job_path: str) -> None:
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=job["model_dir"],
         max_seq_length=job["seq_len"],
-        dtype=torch.float32,  # trainable weights stay fp32; the plan's bf16 is autocast (SFTConfig bf16)
+        # fp32 on the CPU and for full fine-tunes (the plan's bf16 is autocast, SFTConfig bf16); a LoRA base on a GPU
+        # in the plan's 16-bit weights dtype (the adapter's own weights stay fp32).
+        dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[job["weights_dtype"]],
         load_in_4bit=False,
         load_in_8bit=False,
         full_finetuning=job["method"] == "full",

@@ -20,20 +20,21 @@ from ..envs import backend_python
 from ..errors import XtrainError
 from ..launch import run_command
 from ..recipe import Hardware, Train
-from .base import ONE_CPU_PROCESS, Capabilities, TrainJob, TrainResult
-from .trl import TRL_FIELDS, cpu_placement, trained_columns, trainer_arguments
+from .base import Capabilities, TrainJob, TrainResult
+from .distributed import found_device
+from .trl import TRL_FIELDS, Placement, cpu_placement, trained_columns, trainer_arguments
 
 RUNNER = "xtrain_backend_side.unsloth_runner"
 
 
 class Unsloth:
     name = "unsloth"
-    # The CPU only, for now: its environment (envs/unsloth.yaml) is built and tested with the CPU torch. On the CPU
+    # One process on the CPU or on one CUDA GPU: Unsloth's open-source release trains on a single GPU. On the CPU
     # Unsloth leaves TRL's preference trainers as they are (its own patches are for GPUs).
     capabilities = Capabilities(
-        status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
-        methods=("lora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16"), packing=True,
-        resume=True,
+        status="trains", accelerators=("cpu", "cuda"), max_gpus_per_node=1, max_nodes=1, max_processes=1,
+        methods=("lora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16", "fp16"),
+        packing=True, resume=True,
     )
     # The runner hands the shared TRL config arguments to TRL; the model and LoRA settings to Unsloth's loader.
     fields = {**{field: where.replace("peft.", "job.lora.").replace("config.", "job.trainer.")
@@ -41,7 +42,8 @@ class Unsloth:
               "train.objective": "job.objective",
               "train.method": "job.method",
               "train.checkpoint_minutes": "job.checkpoint_seconds",
-              **ONE_CPU_PROCESS}
+              "hardware.accelerator": "job.trainer.use_cpu",
+              **{field: "capabilities" for field in ("hardware.gpus", "hardware.nodes", "hardware.processes")}}
 
     def check(self, train: Train, hardware: Hardware) -> None:
         if train.method == "lora" and train.lora.target_modules == ["all-linear"]:
@@ -54,8 +56,10 @@ class Unsloth:
     def native(self, job: TrainJob) -> dict:
         """The runner's job description (model, prepared rows, LoRA, objective, the shared TRL config arguments) and
         launch."""
-        train, plan = job.train, job.plan
+        train, plan, accelerator = job.train, job.plan, job.hardware.accelerator
         packed = train_split_is_packed(job.prepared_dir)
+        # On the GPU the plan's autocast dtype, and a LoRA base held in the plan's 16-bit weights dtype (as trl_local).
+        where = cpu_placement(plan) if accelerator == "cpu" else Placement(accelerator, plan.precision)
         description, result = job.work_dir / "unsloth_job.json", job.work_dir / "unsloth_result.json"
         return {
             "job": {
@@ -64,12 +68,13 @@ class Unsloth:
                 "columns": trained_columns(train.objective, packed),
                 "seq_len": plan.data.seq_len,
                 "method": train.method,
+                "weights_dtype": plan.weights_dtype if accelerator != "cpu" else "fp32",
                 "lora": train.lora.peft_kwargs() if train.method == "lora" else None,
                 "gradient_checkpointing": plan.gradient_checkpointing,
                 "seed": train.seed,
                 "trust_remote_code": job.trust_remote_code,
                 "objective": train.objective,
-                "trainer": trainer_arguments(job, cpu_placement(plan), packed)
+                "trainer": trainer_arguments(job, where, packed)
                 | {"output_dir": str(job.work_dir.resolve())},
                 "checkpoint_seconds": train.checkpoint_minutes * 60,
                 "resume_from": str(Path(job.resume_from).resolve()) if job.resume_from else None,
@@ -77,11 +82,13 @@ class Unsloth:
                 "result": str(result.resolve()),
             },
             "job_file": description,
-            "argv": [backend_python(self.name, "unsloth", must_exist=False), "-m", RUNNER, str(description)],
+            "argv": [backend_python(self.name, "unsloth", must_exist=False, accelerator=accelerator), "-m", RUNNER,
+                     str(description)],
             "env": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": BACKEND_SIDE_PATH, **tracking.environment(job)},
         }
 
     def run(self, job: TrainJob) -> TrainResult:
+        found_device(job.hardware)
         tracking.require_packages(job.train, backend_python(self.name, "unsloth", accelerator=job.hardware.accelerator),
                                   "envs/unsloth.yaml")
         launch = self.native(job)
