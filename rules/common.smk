@@ -111,19 +111,27 @@ def train_container(wildcards):
     return backend_entry(wildcards)["container"]
 
 
-def backend_env(wildcards):
-    """The backend's virtual environment for the recipe's accelerator, when it has its own and conda is not
-    providing it. An accelerator xtrain writes no lock for (ROCm) runs in an image or env of its own: the train
-    job says so if its interpreter lacks the backend (xtrain.envs.backend_python)."""
-    the_recipe = recipe(wildcards)
-    accelerator = the_recipe.hardware.accelerator
+def lane_env(wildcards, accelerator):
+    """The backend's virtual environment for `accelerator`, when it has its own and conda is not providing it. An
+    accelerator xtrain writes no lock for (ROCm) runs in an image or env of its own: the train job says so if its
+    interpreter lacks the backend (xtrain.envs.backend_python)."""
     if (
         backend_entry(wildcards)["conda"] == MAIN_ENV
         or DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
         or accelerator not in LOCKED
     ):
         return []
-    return [f".venvs/{venv_name(the_recipe.train.backend, accelerator)}/ready.json"]
+    return [f".venvs/{venv_name(recipe(wildcards).train.backend, accelerator)}/ready.json"]
+
+
+def backend_env(wildcards):
+    """The environment the train job runs the backend in: the one for the recipe's accelerator."""
+    return lane_env(wildcards, recipe(wildcards).hardware.accelerator)
+
+
+def cpu_backend_env(wildcards):
+    """The smoke stage trains the shrunk model on the CPU: the backend's CPU environment, whatever the hardware."""
+    return lane_env(wildcards, "cpu")
 
 
 def venv_spec(wildcards):

@@ -4,7 +4,7 @@ rule smoke:
     input:
         sources=data_sources,
         model=model_dir,
-        env=backend_env,
+        env=cpu_backend_env,
     output:
         directory("smoke/{recipe}"),
     log:

@@ -66,7 +66,9 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
     config = project / "config/config.yaml"
     config.write_text(config.read_text().replace("gpu_hour_prices: {}", "gpu_hour_prices: {h100: 2.5}"))
     assert ("smoke", "llama8b") not in scheduled_jobs(snakemake(project, "-n").stdout), "not part of the build"
-    snakemake(project, "--cores", "2", "smoke/llama8b")
+    # The lane's environment is the work tree's, linked in and current (ensure_backend_env checked its hash): only
+    # a missing or older ready.json may trigger its rule, as in the work tree itself.
+    snakemake(project, "--cores", "2", "smoke/llama8b", "--rerun-triggers", "mtime")
     out = project / "smoke/llama8b"
     summary = read_json(out / "smoke.json")
     steps = {step["step"]: step for step in summary["steps"]}
@@ -94,6 +96,7 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
     assert report.startswith("# Smoke test of recipes/llama8b.yaml: PASSED") and "8 x h100 GPU(s) per node" in report
     assert "GPU-hours, cost" in report and "Verdict: ready to submit." in report
     assert not (project / "prepared/llama8b").exists() and not (project / "checkpoints/llama8b").exists()
+    assert not list((project / ".venvs").glob("*-cuda")), "the rehearsal trains on the CPU: no GPU environment built"
 
 
 def smoke_failure(tmp_path: Path, tiny_model: Path, recipe: dict, template: str | None = None,
