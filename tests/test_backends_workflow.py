@@ -21,11 +21,11 @@ def test_each_backend_trains_after_its_own_environment_is_built(tmp_path):
 
 
 def test_a_recipe_the_backend_refuses_stops_the_workflow_before_any_job(tmp_path):
-    refused = DEMO.replace("backend: trl_cpu", "backend: axolotl").replace("accelerator: cpu\n  gpus: 0",
-                                                                          "accelerator: cuda\n  gpus: 1")
+    refused = DEMO.replace("backend: trl_cpu", "backend: unsloth").replace("accelerator: cpu\n  gpus: 0",
+                                                                          "accelerator: rocm\n  gpus: 1")
     project = copy_workflow(tmp_path, {"gpu": refused})
     result = snakemake(project, "-n", check=False)
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    assert "recipes/gpu.yaml: train.backend axolotl runs on hardware.accelerator cpu, not 'cuda'" in output
+    assert "recipes/gpu.yaml: train.backend unsloth runs on hardware.accelerator cpu or cuda, not 'rocm'" in output
     assert "rule " not in output, "no job was scheduled"
