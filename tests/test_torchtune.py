@@ -306,6 +306,22 @@ def test_lr_scheduler_walks_transformers_curve(schedule):
     assert curves[0] == pytest.approx(curves[1], abs=1e-12)
 
 
+def fake_tune_run(monkeypatch, tmp_path: Path, log: str) -> list[list[str]]:
+    """torchtune's commands replaced: `tune run` only writes `log` as its step log. Returns the commands run."""
+    commands = []
+
+    def fake_torchtune(command, **kwargs):
+        commands.append(command)
+        if "run" in command:
+            logs = tmp_path / "runs" / "torchtune" / "logs"
+            logs.mkdir(parents=True)
+            (logs / "log_1.txt").write_text(log)
+
+    monkeypatch.setattr(torchtune_backend, "backend_python", lambda backend, module, **_: "python")
+    monkeypatch.setattr(torchtune_backend, "run_command", fake_torchtune)
+    return commands
+
+
 def test_a_non_finite_loss_stops_the_backend_before_any_checkpoint(tiny_model, packed_prepared, tmp_path, monkeypatch):
     """torchtune itself steps on NaN gradients; the backend reads its log and refuses to export."""
     from xtrain.plan import make_plan
@@ -314,14 +330,8 @@ def test_a_non_finite_loss_stops_the_backend_before_any_checkpoint(tiny_model, p
     plan = make_plan(tiny_model, read_json(packed_prepared / "manifest.json"), train, Hardware())
     job = TrainJob(tiny_model, packed_prepared, plan, train, Hardware(), tmp_path / "out", tmp_path / "runs", None)
 
-    def fake_torchtune(command, **kwargs):  # what `tune run` leaves when the loss blows up at step 2
-        if "run" in command:
-            logs = tmp_path / "runs" / "torchtune" / "logs"
-            logs.mkdir(parents=True)
-            (logs / "log_1.txt").write_text("Step 1 | loss:6.9 lr:0.0002\nStep 2 | loss:nan lr:0.0002\n")
-
-    monkeypatch.setattr(torchtune_backend, "backend_python", lambda backend, module, **_: "python")
-    monkeypatch.setattr(torchtune_backend, "run_command", fake_torchtune)
+    # what `tune run` leaves when the loss blows up at step 2
+    fake_tune_run(monkeypatch, tmp_path, "Step 1 | loss:6.9 lr:0.0002\nStep 2 | loss:nan lr:0.0002\n")
     with pytest.raises(XtrainError, match="NaN or infinite by step 2"):
         get_backend("torchtune").run(job)
     assert not (tmp_path / "out").exists()
@@ -472,17 +482,7 @@ def test_run_launches_the_distributed_recipe_and_says_what_ddp_becomes(tiny_mode
     plan = make_plan(tiny_model, read_json(packed_prepared / "manifest.json"), train, two_gpus)
     assert plan.layout.strategy == "ddp"
     job = TrainJob(tiny_model, packed_prepared, plan, train, two_gpus, tmp_path / "out", tmp_path / "runs", None)
-    commands = []
-
-    def fake_torchtune(command, **kwargs):
-        commands.append(command)
-        if "run" in command:
-            logs = tmp_path / "runs" / "torchtune" / "logs"
-            logs.mkdir(parents=True)
-            (logs / "log_1.txt").write_text("Step 1 | loss:nan lr:0.0002\n")
-
-    monkeypatch.setattr(torchtune_backend, "backend_python", lambda backend, module, **_: "python")
-    monkeypatch.setattr(torchtune_backend, "run_command", fake_torchtune)
+    commands = fake_tune_run(monkeypatch, tmp_path, "Step 1 | loss:nan lr:0.0002\n")
     monkeypatch.setattr(torchtune_backend, "found_device", lambda hardware: hardware.accelerator)  # two GPUs here
     with caplog.at_level("INFO"), pytest.raises(XtrainError, match="NaN or infinite by step 1"):
         get_backend("torchtune").run(job)
