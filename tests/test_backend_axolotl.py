@@ -3,9 +3,6 @@ trains as text, and real SFT and DPO runs."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 
 import pytest
 import yaml
@@ -18,55 +15,32 @@ from backend_runs import (
 )
 from backend_runs import tiny_train as backend_train
 from backend_runs import trl_cpu_dpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
-from conftest import HANG_SECONDS, REPO, sample_plan
+from conftest import REPO, sample_plan
 
 from xtrain import backends
 from xtrain.backends import TrainJob
 from xtrain.backends.axolotl import OFFLINE, Axolotl, axolotl_config, export_tokens, precision_keys
 from xtrain.backends.preference_text import export_text
+from xtrain.backends.validation import device_probe, validated
 from xtrain.data import prepare
 from xtrain.errors import XtrainError
 from xtrain.plan import Plan
 from xtrain.recipe import Data, DataSource, Hardware, Lora, Preference, Train
 
 PYTHON = str(REPO / ".venvs" / "axolotl" / "bin" / "python")
-# Axolotl's loader (the one `axolotl train` uses) on each config given: it validates against its pydantic schema
-# and normalises; one process for all of them, as importing Axolotl takes seconds.
-LOAD = """
-import json, sys, yaml
-from axolotl.cli.config import load_cfg
-from axolotl.utils.schemas.config import AxolotlInputConfig
-for path in sys.argv[1:]:
-    raw = yaml.safe_load(open(path))
-    cfg = load_cfg(path)
-    print("CONFIG " + json.dumps({"unknown": sorted(set(raw) - set(AxolotlInputConfig.model_fields)),
-                                  "cfg": {key: cfg.get(key) for key in raw}}, default=str))
-"""
-# The same loader as a GPU node's rank would run it: Axolotl's probe of the local GPU (gpu_capabilities, which
-# validate_config checks bf16 / fp16 / FSDP settings against) answers what that GPU reports, and WORLD_SIZE is
-# torchrun's; argv[1] is a JSON list of [config path, capabilities, world size].
-LOAD_ON_GPU = """
-import json, os, sys
-import axolotl.cli.config as config
-from axolotl.utils.schemas.config import AxolotlInputConfig
-import yaml
-for path, capabilities, world_size in json.loads(sys.argv[1]):
-    os.environ["WORLD_SIZE"] = str(world_size)
-    capabilities["n_gpu"] = world_size
-    config.gpu_capabilities = lambda: (capabilities, {"torch_version": "2.13.0"})
-    raw = yaml.safe_load(open(path))
-    cfg = config.load_cfg(path)
-    print("CONFIG " + json.dumps({"unknown": sorted(set(raw) - set(AxolotlInputConfig.model_fields)),
-                                  "cfg": {key: cfg.get(key) for key in [*raw, "batch_size", "world_size"]}},
-                                 default=str))
-"""
-# What torch reports for each GPU the test plans for (Axolotl reads bf16 support and the compute capability;
-# ROCm's gfx942 and gfx90a come through torch's device properties as 9.4 and 9.0).
-GPU_CAPABILITIES = {
-    "h100": {"bf16": True, "fp8": True, "tf32": True, "compute_capability": "sm_90"},
-    "mi300x": {"bf16": True, "fp8": True, "tf32": False, "compute_capability": "sm_94"},
-    "v100": {"bf16": False, "fp8": False, "tf32": False, "compute_capability": "sm_70"},
-}
+
+
+def load_with_axolotl(configs: list[tuple[dict, Hardware]], tmp_path) -> list[dict]:
+    """Axolotl's loader (the one `axolotl train` uses) on each config, in one process (importing Axolotl takes
+    seconds), its device probe answering what the hardware's GPU reports: what it read back for each key (a key
+    its schema does not know fails the call)."""
+    requests = []
+    for index, (config, hardware) in enumerate(configs):
+        path = tmp_path / f"axolotl-{index}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        requests.append({"framework": "axolotl", "config_file": str(path), "keys": list(config),
+                         **device_probe(hardware)})
+    return validated(PYTHON, requests, tmp_path / "validate", env=OFFLINE)
 
 
 def tiny_train(**changes) -> Train:
@@ -256,20 +230,11 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
         # Every tracker: Axolotl's own keys for each (xtrain.tracking.axolotl_settings).
         tiny_train(report_to=["tensorboard", "mlflow", "wandb"], mlflow_tracking_uri="file:mlruns"),
     ]
-    configs, paths = [], []
-    for index, train in enumerate(trains):
-        configs.append(axolotl_config(job(tmp_path, train, plan(precision="bf16", gradient_checkpointing=True),
-                                          model=tiny_model), tmp_path / "d.parquet"))
-        paths.append(tmp_path / f"axolotl-{index}.yaml")
-        paths[-1].write_text(yaml.safe_dump(configs[-1]))
-    loaded = subprocess.run([PYTHON, "-c", LOAD, *map(str, paths)], capture_output=True, text=True, timeout=HANG_SECONDS,
-                            cwd=tmp_path, env={**os.environ, **OFFLINE})
-    assert loaded.returncode == 0, loaded.stderr[-3000:]
-    reports = [json.loads(line[7:]) for line in loaded.stdout.splitlines() if line.startswith("CONFIG ")]
-    assert len(reports) == len(trains)
-    for train, config, report in zip(trains, configs, reports):
-        assert report["unknown"] == [], "every key is one Axolotl's schema knows (none silently ignored)"
-        cfg = report["cfg"]
+    configs = [axolotl_config(job(tmp_path, train, plan(precision="bf16", gradient_checkpointing=True),
+                                  model=tiny_model), tmp_path / "d.parquet") for train in trains]
+    loaded = load_with_axolotl([(config, Hardware()) for config in configs], tmp_path)
+    assert len(loaded) == len(trains)
+    for train, config, cfg in zip(trains, configs, loaded):
         for key in ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay",
                     "max_grad_norm", "seed", "sequence_len", "bf16", "gradient_checkpointing", "save_steps", "lora_r",
                     "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear", "max_steps",
@@ -285,41 +250,36 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
         assert (cfg.get("rl") or "sft") == train.objective
 
 
-# Each GPU shape the lane claims, as the plan would lay it out: (GPU, hardware, recipe, precision, strategy, gc).
+# Each GPU shape the lane claims, as the plan would lay it out: (hardware, recipe, precision, strategy, gc).
 GPU_SHAPES = {
-    "h100-1-lora-sft": ("h100", Hardware(accelerator="cuda", gpus=1), tiny_train(), "bf16", "single", False),
-    "h100-8-lora-dpo": ("h100", Hardware(accelerator="cuda", gpus=8), tiny_dpo("axolotl"), "bf16", "ddp", False),
-    "mi300x-8-full-fsdp": ("mi300x", Hardware(accelerator="rocm", gpus=8), tiny_train(method="full", lora=None),
-                           "bf16", "fsdp", True),
-    "mi300x-2x8-full-fsdp": ("mi300x", Hardware(accelerator="rocm", gpus=8, nodes=2),
-                             tiny_train(method="full", lora=None), "bf16", "fsdp", True),
-    "v100-8-lora-kto": ("v100", Hardware(accelerator="cuda", gpus=8),
-                        tiny_dpo("axolotl", objective="kto"), "fp16", "ddp", True),
+    "h100-1-lora-sft": (Hardware(accelerator="cuda", gpus=1), tiny_train(), "bf16", "single", False),
+    "h100-8-lora-dpo": (Hardware(accelerator="cuda", gpus=8), tiny_dpo("axolotl"), "bf16", "ddp", False),
+    "mi300x-8-full-fsdp": (Hardware(accelerator="rocm", gpus=8), tiny_train(method="full", lora=None), "bf16", "fsdp",
+                           True),
+    "mi300x-2x8-full-fsdp": (Hardware(accelerator="rocm", gpus=8, nodes=2), tiny_train(method="full", lora=None),
+                             "bf16", "fsdp", True),
+    "v100-8-lora-kto": (Hardware(accelerator="cuda", gpus=8, gpu_model="v100"), tiny_dpo("axolotl", objective="kto"),
+                        "fp16", "ddp", True),
 }
+
+
+def gpu_job(tiny_model, tmp_path, hardware, train, precision, strategy, checkpointing) -> TrainJob:
+    devices = hardware.devices
+    layout = {"strategy": strategy, "devices": devices, "nodes": hardware.nodes, "micro_batch_size": 2,
+              "gradient_accumulation_steps": 2, "global_batch_size": 4 * devices}
+    return job(tmp_path, train, plan(precision=precision, gradient_checkpointing=checkpointing, layout=layout),
+               model=tiny_model, hardware=hardware)
 
 
 @pytest.mark.slow
 def test_axolotls_loader_accepts_every_gpu_shape_with_that_gpus_capabilities(tiny_model, tmp_path):
     ensure_backend_env("axolotl")
-    cases, configs = [], {}
-    for name, (gpu, hardware, train, precision, strategy, checkpointing) in GPU_SHAPES.items():
-        devices = hardware.devices
-        layout = {"strategy": strategy, "devices": devices, "nodes": hardware.nodes, "micro_batch_size": 2,
-                  "gradient_accumulation_steps": 2, "global_batch_size": 4 * devices}
-        the_job = job(tmp_path, train, plan(precision=precision, gradient_checkpointing=checkpointing, layout=layout),
-                      model=tiny_model, hardware=hardware)
-        configs[name] = axolotl_config(the_job, tmp_path / "d.parquet")
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(configs[name]))
-        cases.append([str(path), GPU_CAPABILITIES[gpu], devices])
-    loaded = subprocess.run([PYTHON, "-c", LOAD_ON_GPU, json.dumps(cases)], capture_output=True, text=True,
-                            timeout=HANG_SECONDS, cwd=tmp_path, env={**os.environ, **OFFLINE})
-    assert loaded.returncode == 0, loaded.stderr[-3000:]
-    reports = [json.loads(line[7:]) for line in loaded.stdout.splitlines() if line.startswith("CONFIG ")]
-    assert len(reports) == len(GPU_SHAPES)
-    for (name, (_, hardware, *_)), report in zip(GPU_SHAPES.items(), reports):
-        config, cfg = configs[name], report["cfg"]
-        assert report["unknown"] == [], name
+    configs = {name: axolotl_config(gpu_job(tiny_model, tmp_path, *shape), tmp_path / "d.parquet")
+               for name, shape in GPU_SHAPES.items()}
+    loaded = load_with_axolotl([(configs[name], shape[0]) for name, shape in GPU_SHAPES.items()], tmp_path)
+    assert len(loaded) == len(GPU_SHAPES)
+    for (name, (hardware, *_)), cfg in zip(GPU_SHAPES.items(), loaded):
+        config = configs[name]
         for key in ("bf16", "fp16", "fsdp_version", "gradient_checkpointing", "micro_batch_size",
                     "gradient_accumulation_steps", "rl"):
             assert cfg.get(key) == config.get(key), f"{name}: {key}"
@@ -328,6 +288,17 @@ def test_axolotls_loader_accepts_every_gpu_shape_with_that_gpus_capabilities(tin
         # Axolotl's own batch arithmetic over torchrun's world size gives the plan's global batch.
         assert cfg["world_size"] == hardware.devices
         assert cfg["batch_size"] == 4 * hardware.devices, name
+
+
+@pytest.mark.slow
+def test_validate_refuses_what_axolotl_says_will_fail_on_that_gpu(tiny_model, tmp_path):
+    """bf16 on a V100 (no bf16): Axolotl's loader only warns that training will fail; the lane's validation (the
+    smoke stage's launch step) makes that an error before any GPU is allocated."""
+    ensure_backend_env("axolotl")
+    the_job = gpu_job(tiny_model, tmp_path, Hardware(accelerator="cuda", gpus=8, gpu_model="v100"), tiny_train(),
+                      "bf16", "ddp", False)
+    with pytest.raises(XtrainError, match="bf16 requested, but AMP is not supported on this GPU"):
+        Axolotl().validate(the_job, Axolotl().native(the_job), tmp_path / "validate")
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ trl_cpu."""
 from __future__ import annotations
 
 import pytest
-from backend_runs import tiny_dpo, train_tiny_dpo_with_backend, train_tiny_recipe_with_backend
+from backend_runs import ensure_backend_env, tiny_dpo, train_tiny_dpo_with_backend, train_tiny_recipe_with_backend
 from backend_runs import tiny_train as backend_train
 from backend_runs import trl_cpu_dpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
 from conftest import sample_plan
@@ -100,3 +100,15 @@ def test_unsloth_trains_the_tiny_recipe_like_trl_cpu(trl_cpu_reference, tiny_mod
     # forward, with its chunked cross-entropy).
     metrics = train_tiny_recipe_with_backend("unsloth", trl_cpu_reference, tiny_model, tmp_path, monkeypatch)
     assert metrics["tokens_seen"] == trl_cpu_reference["tokens_seen"], "the same rows, the same non-padding tokens"
+
+
+@pytest.mark.slow
+def test_the_runners_config_for_one_gpu_is_accepted_by_the_unsloth_environments_trl(tiny_model, prepared, tmp_path):
+    """The lane's validation (the smoke stage's launch step): the shared TRL arguments, through the runner's
+    translation, build the unsloth environment's SFTConfig as an H100 would (bf16 autocast, use_cpu off)."""
+    ensure_backend_env("unsloth")
+    job = TrainJob(tiny_model, prepared, sample_plan(precision="bf16", weights_dtype="bf16"), tiny_train(),
+                   Hardware(accelerator="cuda", gpus=1), tmp_path / "out", tmp_path / "work", None)
+    backend = get_backend("unsloth")
+    read_back = backend.validate(job, backend.native(job), tmp_path / "validate")["read_back"]
+    assert (read_back["config_class"], read_back["bf16"], read_back["fp16"]) == ("SFTConfig", True, False)

@@ -88,6 +88,8 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
     assert plan["gpus"] == 8 and plan["device"] == "h100" and plan["peak_gib_per_device"] < plan["budget_gib_per_device"]
     assert plan["cost"] == pytest.approx(plan["gpu_hours"] * 2.5, abs=0.01)
     assert "--nproc-per-node=8" in steps["launch"]["argv"] and steps["launch"]["resources"]["gpus"] == 8
+    validator = {"trl_local": "TRL's SFTConfig", "axolotl": "Axolotl's load_cfg", "torchtune": "tune validate"}[backend]
+    assert steps["launch"]["validated_by"].startswith(validator)
     if backend == "torchtune":  # the precision is on its command line
         assert "dtype=bf16" in steps["launch"]["argv"] and "--nproc-per-node=8" in steps["launch"]["argv"]
     else:
@@ -95,6 +97,7 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
     report = (out / "report.md").read_text()
     assert report.startswith("# Smoke test of recipes/llama8b.yaml: PASSED") and "8 x h100 GPU(s) per node" in report
     assert "GPU-hours, cost" in report and "Verdict: ready to submit." in report
+    assert f"accepted by {steps['launch']['validated_by']}" in report
     assert not (project / "prepared/llama8b").exists() and not (project / "checkpoints/llama8b").exists()
     assert not list((project / ".venvs").glob("*-cuda")), "the rehearsal trains on the CPU: no GPU environment built"
 
@@ -148,3 +151,14 @@ def test_a_plan_that_does_not_fit_the_gpu_fails_at_plan_with_the_fixes(tmp_path,
     error, _ = smoke_failure(tmp_path, tiny_model, recipe, num_hidden_layers=2)
     assert error.startswith("smoke test of recipes/r.yaml failed at plan: the run does not fit: ")
     assert "over h100" in error and "train.method: lora" in error
+
+
+def test_a_launch_the_lanes_validator_refuses_fails_at_launch_with_its_message(tmp_path, tiny_model, monkeypatch):
+    """An H100 node whose probe reports no bf16 (what transformers would see on it): the plan's bf16 settings are
+    refused by TRL's config class, as the first rank of the real job would refuse them."""
+    import xtrain.backends.validation as validation
+
+    monkeypatch.setattr(validation, "probed_capabilities", lambda gpu: {"bf16": False, "tf32": True})
+    error, _ = smoke_failure(tmp_path, tiny_model, RECIPE)
+    assert error.startswith("smoke test of recipes/r.yaml failed at launch: ")
+    assert "Your setup doesn't support bf16/gpu" in error

@@ -11,6 +11,7 @@ from checkpoint_contract import assert_checkpoint_contract
 from conftest import build_run, sample_plan
 
 from xtrain import backends
+from xtrain.backends import TrainJob
 from xtrain.backends.distributed import first_host, found_device, torchrun_command
 from xtrain.backends.trl import cpu_placement
 from xtrain.backends.trl_local import TrlLocal
@@ -141,3 +142,28 @@ def test_two_processes_give_the_one_process_loss_curve(one_process_run, tiny_mod
     assert [e["step"] for e in metrics["loss"]] == [e["step"] for e in one["loss"]] == [1, 2, 3, 4, 5]
     assert losses(two["checkpoint"]) == pytest.approx(losses(one_process_run["checkpoint"]), abs=1e-3)
     assert metrics["tokens_seen"] == one["tokens_seen"], "every process's tokens are counted once"
+
+
+@pytest.mark.slow
+def test_trls_config_accepts_the_8_gpu_fsdp_settings_and_refuses_bf16_where_the_gpu_has_none(tiny_model, prepared,
+                                                                                                tmp_path):
+    """The lane's validation (the smoke stage's launch step): TRL's config class builds the 8-H100 FSDP settings as
+    an H100 node would (its bf16 probe answering the H100's), and refuses the same bf16 settings for V100s with
+    transformers' own message."""
+    layout = {"strategy": "fsdp", "devices": 8, "nodes": 1, "micro_batch_size": 2, "gradient_accumulation_steps": 1,
+              "global_batch_size": 16}
+    train = Train(backend="trl_local", method="full", lora=None, global_batch_size=16, max_steps=4, report_to=[])
+    plan = sample_plan(precision="bf16", gradient_checkpointing=True, layout=layout)
+    backend = TrlLocal()
+
+    def validate(gpu: str) -> dict:
+        job = TrainJob(tiny_model, prepared, plan, train, Hardware(accelerator="cuda", gpus=8, gpu_model=gpu),
+                       tmp_path / "out", tmp_path / "work", None)
+        return backend.validate(job, backend.native(job), tmp_path / gpu)
+
+    read_back = validate("h100")["read_back"]
+    assert (read_back["config_class"], read_back["bf16"], read_back["fsdp"]) == ("SFTConfig", True, True)
+    assert read_back["fsdp_config"]["activation_checkpointing"] is True
+    assert read_back["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
+    with pytest.raises(XtrainError, match="Your setup doesn't support bf16/gpu"):
+        validate("v100")

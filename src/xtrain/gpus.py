@@ -15,21 +15,32 @@ class Gpu(NamedTuple):
     memory_gib: float
     peak_tflops_16bit: float  # bf16 where supported, else fp16
     bf16: bool
+    compute_capability: tuple[int, int]  # torch's get_device_properties major.minor (ROCm: the gfx version)
 
 
 GPUS: dict[str, Gpu] = {
-    "h200": Gpu("cuda", 139.8, 989, True),
-    "h100": Gpu("cuda", 79.2, 989, True),
-    "h100_pcie": Gpu("cuda", 79.2, 756, True),
-    "a100": Gpu("cuda", 79.2, 312, True),
-    "a100_40gb": Gpu("cuda", 39.4, 312, True),
-    "l40s": Gpu("cuda", 44.4, 362, True),
-    "rtx4090": Gpu("cuda", 23.6, 165, True),
-    "rtx3090": Gpu("cuda", 23.6, 71, True),
-    "v100": Gpu("cuda", 31.7, 125, False),
-    "t4": Gpu("cuda", 14.6, 65, False),
-    "mi300x": Gpu("rocm", 191.5, 1307, True),
-    "mi250x": Gpu("rocm", 127.98, 383, True),
+    "h200": Gpu("cuda", 139.8, 989, True, (9, 0)),
+    "h100": Gpu("cuda", 79.2, 989, True, (9, 0)),
+    "h100_pcie": Gpu("cuda", 79.2, 756, True, (9, 0)),
+    "a100": Gpu("cuda", 79.2, 312, True, (8, 0)),
+    "a100_40gb": Gpu("cuda", 39.4, 312, True, (8, 0)),
+    "l40s": Gpu("cuda", 44.4, 362, True, (8, 9)),
+    "rtx4090": Gpu("cuda", 23.6, 165, True, (8, 9)),
+    "rtx3090": Gpu("cuda", 23.6, 71, True, (8, 6)),
+    "v100": Gpu("cuda", 31.7, 125, False, (7, 0)),
+    "t4": Gpu("cuda", 14.6, 65, False, (7, 5)),
+    "mi300x": Gpu("rocm", 191.5, 1307, True, (9, 4)),  # gfx942
+    "mi250x": Gpu("rocm", 127.98, 383, True, (9, 0)),  # gfx90a
 }
 # What a recipe that names no gpu_model is planned for.
 DEFAULT_GPU = {"cuda": "h100", "rocm": "mi300x"}
+
+
+def probed_capabilities(name: str) -> dict[str, bool | str]:
+    """What a framework's start-up probe of this GPU answers (Axolotl's `gpu_capabilities`, transformers'
+    `is_torch_bf16_gpu_available` / `is_torch_tf32_available`), so a config can be validated as that GPU's node
+    would validate it: fp8 from compute capability 9.0 (Axolotl's rule), tf32 on CUDA from 8.0 (ROCm: never)."""
+    gpu = GPUS[name]
+    major, minor = gpu.compute_capability
+    return {"bf16": gpu.bf16, "fp8": (major, minor) >= (9, 0), "tf32": gpu.vendor == "cuda" and major >= 8,
+            "compute_capability": f"sm_{major}{minor}"}

@@ -29,6 +29,7 @@ from ..launch import run_command
 from ..recipe import Hardware, Train
 from .base import PLANNED_HARDWARE, Capabilities, TrainJob, TrainResult, save_steps
 from .distributed import decoder_blocks, found_device, slurm_placeholders, torchrun_command
+from .validation import device_probe, validated
 from .preference_text import export_text
 
 log = logging.getLogger(__name__)
@@ -252,6 +253,22 @@ class Axolotl:
                 torchrun_command(python, hardware, program, slurm_placeholders(hardware) if env is None else env))
         return {"config": axolotl_config(job, dataset), "dataset": dataset, "config_file": config, "argv": argv,
                 "env": OFFLINE | tracking.environment(job)}
+
+    def validate(self, job: TrainJob, native: dict, scratch: Path) -> dict:
+        """Axolotl's own loader on the rendered YAML, with the recipe's GPU answering its device probe and torchrun's
+        world size; Axolotl's batch arithmetic must give the plan's global batch."""
+        config_file = scratch / "axolotl.yaml"
+        config_file.parent.mkdir(parents=True, exist_ok=True)
+        config_file.write_text(yaml.safe_dump(native["config"], sort_keys=False))
+        request = {"framework": "axolotl", "config_file": str(config_file), "keys": list(native["config"]),
+                   **device_probe(job.hardware)}
+        read_back = validated(backend_python(self.name, "axolotl"), [request], scratch, env=OFFLINE)[0]
+        if read_back["batch_size"] != job.plan.layout.global_batch_size:
+            raise XtrainError(
+                f"Axolotl reads a global batch of {read_back['batch_size']} from {config_file}, the plan has "
+                f"{job.plan.layout.global_batch_size}; this is a bug in xtrain's axolotl translation"
+            )
+        return {"validator": "Axolotl's load_cfg (schema, validate_config, normalize_config)", "read_back": read_back}
 
     def run(self, job: TrainJob) -> TrainResult:
         found_device(job.hardware)

@@ -106,6 +106,11 @@ class Backend(Protocol):
     def native(self, job: TrainJob) -> dict[str, Any]:
         """What the backend would launch for `job`, without running it: {"config": ..., "argv": [...], ...}."""
 
+    def validate(self, job: TrainJob, native: dict[str, Any], scratch: Path) -> dict[str, Any]:
+        """`native` (for `job`'s hardware) checked by the framework's own validator in the lane's CPU environment, as
+        the target GPU's node would check it (backends/validation.py): {"validator": what ran, "read_back": what
+        the framework read}; the framework's refusal raises XtrainError. Files go to `scratch`."""
+
     def run(self, job: TrainJob) -> TrainResult: ...
 
 

@@ -463,6 +463,16 @@ class Torchtune:
             "logging_steps": job.train.logging_steps,
         }
 
+    def validate(self, job: TrainJob, native: dict, scratch: Path) -> dict:
+        """`tune validate` on the rendered config, in the lane's CPU environment (it checks each component's
+        arguments against the torchtune code it names; no device is probed)."""
+        config_file = scratch / "torchtune.yaml"
+        config_file.parent.mkdir(parents=True, exist_ok=True)
+        config_file.write_text(yaml.safe_dump(native["config"], sort_keys=False))
+        run_command([backend_python("torchtune", "torchtune"), *native["validate"][1:-1], str(config_file)],
+                    env=native["env"])
+        return {"validator": "tune validate", "read_back": {"recipe": native["recipe"]}}
+
     def run(self, job: TrainJob) -> TrainResult:
         from xtrain_backend_side.torchtune_components import rows_trained
 

@@ -8,8 +8,10 @@ and how is here, once. The trainer's callbacks are listed in one place, `callbac
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from xtrain_backend_side.prepared import PREFERENCE_COLUMNS, split_file, train_split_is_packed, training_columns
@@ -22,6 +24,7 @@ from ..recipe import DATA_KINDS
 from . import guards
 from .base import PLANNED_HARDWARE, TrainJob, TrainResult
 from .distributed import decoder_blocks
+from .validation import device_probe, validated
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,14 @@ def native(job: TrainJob, placement: Placement) -> dict:
         "save_every_seconds": job.train.checkpoint_minutes * 60,
         "env": tracking.environment(job),
     }
+
+
+def validate_with_trl(job: TrainJob, settings: dict, scratch: Path) -> dict:
+    """`settings` (what `native` gives) through TRL's config class and peft's LoraConfig, in this environment."""
+    request = {"framework": "trl", "objective": job.train.objective, "arguments": settings["config"],
+               "peft": settings["peft"], **device_probe(job.hardware)}
+    return {"validator": f"TRL's {job.train.objective.upper()}Config and peft's LoraConfig",
+            "read_back": validated(sys.executable, [request], scratch)[0]}
 
 
 def trainer_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool = False) -> dict:

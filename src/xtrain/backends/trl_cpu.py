@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..recipe import Hardware, Train
 from .base import ONE_CPU_PROCESS, Capabilities, TrainJob, TrainResult
-from .trl import TRL_FIELDS, cpu_placement, native, train_and_save
+from .trl import TRL_FIELDS, cpu_placement, native, train_and_save, validate_with_trl
 
 
 class TrlCpu:
@@ -21,6 +23,9 @@ class TrlCpu:
 
     def native(self, job: TrainJob) -> dict:
         return native(job, cpu_placement(job.plan))
+
+    def validate(self, job: TrainJob, native: dict, scratch: Path) -> dict:
+        return validate_with_trl(job, native, scratch)
 
     def run(self, job: TrainJob) -> TrainResult:
         return train_and_save(job, cpu_placement(job.plan))

@@ -27,7 +27,7 @@ from ..launch import run_command
 from ..recipe import Hardware, Train
 from .base import Capabilities, TrainJob, TrainResult
 from .distributed import cpu_threads, found_device, slurm_placeholders, torchrun_command
-from .trl import TRL_FIELDS, Device, Placement, cpu_placement, native, train_and_save
+from .trl import TRL_FIELDS, Device, Placement, cpu_placement, native, train_and_save, validate_with_trl
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,9 @@ class TrlLocal:
                 torchrun_command(backend_python(self.name, "trl"), hardware, self.worker(job.work_dir / JOB_FILE),
                                  slurm_placeholders(hardware)))
         return native(job, where) | {"argv": argv}
+
+    def validate(self, job: TrainJob, native: dict, scratch: Path) -> dict:
+        return validate_with_trl(job, native, scratch)
 
     @staticmethod
     def worker(job_file: Path) -> list[str]:

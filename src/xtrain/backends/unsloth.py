@@ -22,6 +22,7 @@ from ..launch import run_command
 from ..recipe import Hardware, Train
 from .base import Capabilities, TrainJob, TrainResult
 from .distributed import found_device
+from .validation import device_probe, validated
 from .trl import TRL_FIELDS, Placement, cpu_placement, trained_columns, trainer_arguments
 
 RUNNER = "xtrain_backend_side.unsloth_runner"
@@ -86,6 +87,14 @@ class Unsloth:
                      str(description)],
             "env": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": BACKEND_SIDE_PATH, **tracking.environment(job)},
         }
+
+    def validate(self, job: TrainJob, native: dict, scratch: Path) -> dict:
+        """The shared TRL arguments through the runner's translation into this environment's TRL config."""
+        description = native["job"]
+        request = {"framework": "unsloth", "objective": description["objective"],
+                   "arguments": description["trainer"], "peft": description["lora"], **device_probe(job.hardware)}
+        return {"validator": f"the unsloth runner's {job.train.objective.upper()}Config and peft's LoraConfig",
+                "read_back": validated(backend_python(self.name, "unsloth"), [request], scratch)[0]}
 
     def run(self, job: TrainJob) -> TrainResult:
         found_device(job.hardware)

@@ -6,8 +6,9 @@
 - plan: the real plan for the recipe's own hardware, from the model's `config.json` (no weights), the full
   data's row count and the sample's lengths at worst (every row `data.seq_len` long): memory per device
   against the device's, time, GPU-hours, and a cost where the config prices the GPU;
-- launch: what the backend would run on that hardware (`native`: its native config and argv) and the Slurm
-  resources the train job would request;
+- launch: what the backend would run on that hardware (`native`: its native config and argv), checked by the
+  lane's own validator as that hardware's node would check it (`validate`: Axolotl's config loader with the GPU's
+  capabilities, `tune validate`, TRL's config classes), and the Slurm resources the train job would request;
 - model: the recipe's model shrunk (`smoke.model`: same class, vocabulary, attention layout, module names);
 - train: `SMOKE_STEPS` optimizer steps through the recipe's own backend on the CPU, in its own environment,
   checked against the checkpoint contract;
@@ -145,7 +146,8 @@ def smoke(*, recipe: Recipe, name: str, model_dir: Path, sources: list[Path], ou
                            Path("checkpoints") / name, Path("runs") / name, None, trust)
             native = backend.native(job)
             write_json(staging / "launch.json", json.loads(json.dumps(native, default=str)))
-            return {"argv": [str(arg) for arg in native.get("argv", [])],
+            checked = backend.validate(job, native, staging / "validate")
+            return {"argv": [str(arg) for arg in native.get("argv") or []], "validated_by": checked["validator"],
                     "resources": plan_holder["plan"].resources.model_dump()}
 
         steps.run("launch", ("plan",), render_launch)

@@ -39,7 +39,8 @@ def report_markdown(summary: dict[str, Any], recipe: Recipe) -> str:
         lines += ["## The real run's plan", "", *plan_lines(steps["plan"], recipe), ""]
     if steps.get("launch", {}).get("status") == "passed":
         launch = steps["launch"]
-        lines += ["## Launch", "", f"backend `{recipe.train.backend}`; native config in `launch.json`.", "",
+        lines += ["## Launch", "", f"backend `{recipe.train.backend}`; native config in `launch.json`, accepted by "
+                  f"{launch['validated_by']}.", "",
                   "```sh", " ".join(launch["argv"]) or "(in process)", "```", "",
                   "Slurm resources of the train job: " + ", ".join(f"{k} {v}" for k, v in launch["resources"].items())
                   + ".", ""]
