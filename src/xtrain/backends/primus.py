@@ -25,11 +25,12 @@ from ..recipe import Hardware, Train
 from .base import PLANNED_HARDWARE, SFT_ONLY, Capabilities, TrainJob, TrainResult, grouped_lora_targets, save_steps
 
 IMAGE = "rocm/primus:v26.8"  # the container launcher's default image (Primus CLI reference)
-# Megatron Bridge recipe module and flavor per Hugging Face model_type: the flavor supplies optimizer and
-# parallelism defaults; the architecture itself comes from the model folder (`hf_path`).
+# Megatron Bridge recipe module and flavor per Hugging Face model_type, with the model preset Primus ships for
+# that flavor (primus/configs/models/megatron_bridge/). The flavor supplies optimizer and parallelism defaults;
+# the architecture itself comes from the model folder (`hf_path`, set in the overrides).
 RECIPES = {
-    "llama": ("llama.llama3", "llama3_8b_finetune_config"),
-    "qwen3": ("qwen.qwen3", "qwen3_8b_finetune_config"),
+    "llama": ("llama.llama3", "llama3_8b_finetune_config", "llama3_8b.yaml"),
+    "qwen3": ("qwen.qwen3", "qwen3_8b_finetune_config", "qwen3_8b.yaml"),
 }
 PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": "fp32"}
 # Megatron's LoRA targets its fused projections; a recipe's per-projection list maps onto them only
@@ -51,8 +52,9 @@ def lora_targets(target_modules: list[str]) -> list[str]:
 DECAY_STYLE = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 
 
-def experiment(job: TrainJob, name: str, packed: bool, model_preset: Path) -> dict[str, Any]:
+def experiment(job: TrainJob, name: str, packed: bool, dataset_dir: Path) -> dict[str, Any]:
     """The Primus experiment YAML (as data) for this job."""
+    recipe, flavor, preset = model_recipe(job.model_dir)
     train, plan = job.train, job.plan
     layout = plan.layout
     steps = plan.time.steps
@@ -76,14 +78,21 @@ def experiment(job: TrainJob, name: str, packed: bool, model_preset: Path) -> di
         "min_lr": 0.0,
         "lr_warmup_iters": 0 if train.lr_scheduler == "constant" else math.ceil(steps * train.warmup_ratio),
         "lr_decay_iters": steps,
-        "lr_decay_style": DECAY_STYLE[train.lr_scheduler],
-        "weight_decay": train.weight_decay,
-        "clip_grad": train.max_grad_norm,
-        "seed": train.seed,
+        # The finetune flavors take no decay style, weight decay, clipping or seed: Primus passes every
+        # override to the flavor and drops what it does not accept (config_utils.py:165-268, auto_filter_and_call),
+        # then merges a key named like a ConfigContainer section into that dataclass (config_utils.py:271-324).
+        "scheduler": {"lr_decay_style": DECAY_STYLE[train.lr_scheduler]},
+        "optimizer": {"weight_decay": train.weight_decay, "clip_grad": train.max_grad_norm},
+        "rng": {"seed": train.seed},
         "precision_config": PRECISION[plan.precision],
         "recompute_granularity": "full" if plan.gradient_checkpointing else None,
         "log_interval": train.logging_steps,
         "peft": "lora" if train.method == "lora" else "none",
+        # The model and data: the local folders in place of the shipped preset's hub ids.
+        "recipe": recipe,
+        "flavor": flavor,
+        "hf_path": str(job.model_dir.resolve()),
+        "dataset": dataset_settings(dataset_dir, plan.data.seq_len, train.seed),
         **tracking.megatron_settings(job),
     }
     if train.method == "lora":
@@ -102,59 +111,64 @@ def experiment(job: TrainJob, name: str, packed: bool, model_preset: Path) -> di
             "post_trainer": {
                 "framework": "megatron_bridge",
                 "config": "sft_trainer.yaml",
-                # An absolute path: Primus joins it onto its presets folder, which keeps an absolute path.
-                "model": str(model_preset),
+                # A preset Primus ships: it loads presets only from its own configs folder and refuses any
+                # other path (primus/core/config/preset_loader.py:46-51); the overrides replace its model and data.
+                "model": preset,
                 "overrides": overrides,
             }
         },
     }
 
 
-def model_preset(model_dir: Path, dataset_dir: Path, seq_len: int, seed: int) -> dict[str, Any]:
-    """A Primus model preset (recipe, flavor, hf_path, dataset) for the recipe's local model folder."""
+def model_recipe(model_dir: Path) -> tuple[str, str, str]:
+    """The Megatron Bridge recipe, flavor and Primus model preset for the recipe's local model folder."""
     model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
     if model_type not in RECIPES:
         raise XtrainError(
             f"{model_dir}/config.json: model_type {model_type!r} has no Megatron Bridge recipe in the primus "
             f"backend; supported: {', '.join(sorted(RECIPES))}"
         )
-    recipe, flavor = RECIPES[model_type]
+    return RECIPES[model_type]
+
+
+def dataset_settings(dataset_dir: Path, seq_len: int, seed: int) -> dict[str, Any]:
+    """A local dataset folder by path (Primus' post-training README, "Use Local Dataset")."""
     return {
-        "recipe": recipe,
-        "flavor": flavor,
-        "hf_path": str(model_dir.resolve()),
-        # A local dataset folder by path (Primus' post-training README, "Use Local Dataset").
-        "dataset": {
-            "_target_": "megatron.bridge.data.builders.hf_dataset.HFDatasetConfig",
-            "dataset_name": str(dataset_dir.resolve()),
-            "seq_length": seq_len,
-            "seed": seed,
-        },
+        "_target_": "megatron.bridge.data.builders.hf_dataset.HFDatasetConfig",
+        "dataset_name": str(dataset_dir.resolve()),
+        "seq_length": seq_len,
+        "seed": seed,
     }
 
 
-def launch_command(config: Path, hardware: Hardware, mode: str) -> list[str]:
-    """`primus-cli <mode> ... -- train posttrain --config X.yaml` as an argument list."""
-    posttrain = ["--", "train", "posttrain", "--config", str(config)]
-    if mode == "slurm":
-        return ["primus-cli", "slurm", "srun", "-N", str(hardware.nodes), *posttrain]
-    if mode == "container":
-        # The experiment, the model and the exported data live under the project: mount it at the same path.
-        project = str(Path.cwd().resolve())
-        return ["primus-cli", "container", "--image", IMAGE, "--volume", f"{project}:{project}", *posttrain]
-    if mode == "direct":
-        return ["primus-cli", "direct", *posttrain]
-    raise ValueError(f"unknown primus-cli mode {mode!r}")
+def launch_command(config: Path, hardware: Hardware, entry: list[str]) -> list[str]:
+    """`primus-cli ... -- train posttrain --config X.yaml` as an argument list: `entry` (direct or container) on
+    one node; on several, Primus' Slurm launcher runs that entry once per node."""
+    # Primus starts GPUS_PER_NODE processes per node and defaults it to 8 (runner/primus-cli-direct.sh:471,
+    # primus-cli-slurm-entry.sh:45); a later --env wins over the one the Slurm entry passes first.
+    node = [*entry, "--env", f"GPUS_PER_NODE={hardware.gpus}", "--", "train", "posttrain", "--config", str(config)]
+    if hardware.nodes == 1:
+        return ["primus-cli", *node]
+    # srun starts one entry per node; Primus' entry sets NNODES and NODE_RANK from Slurm and the rendezvous
+    # MASTER_ADDR to the allocation's first host (primus-cli-slurm-entry.sh:43-44, 178-191). The train job
+    # itself runs in an `srun -n1` step holding the first node's cores, hence --overlap.
+    srun = ["srun", "-N", str(hardware.nodes), "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1"]
+    return ["primus-cli", "slurm", *srun, "--", *node]
 
 
-def launch_mode(hardware: Hardware) -> str:
-    """Slurm for several nodes; on one node, direct inside a ROCm environment that has Primus' Python
-    package, else its container."""
-    if hardware.nodes > 1:
-        return "slurm"
+def launch_entry(direct: bool) -> list[str]:
+    """Primus' direct entry inside a ROCm environment that has its Python package, else its container."""
+    if direct:
+        return ["direct"]
+    # The experiment, the model and the exported data live under the project: mount it at the same path.
+    project = str(Path.cwd().resolve())
+    return ["container", "--image", IMAGE, "--volume", f"{project}:{project}"]
+
+
+def primus_installed() -> bool:
     import importlib.util
 
-    return "direct" if importlib.util.find_spec("primus") is not None else "container"
+    return importlib.util.find_spec("primus") is not None
 
 
 def export_dataset(prepared_dir: Path, out: Path) -> None:
@@ -190,13 +204,13 @@ class Primus:
         "train.epochs": "plan",
         "train.max_steps": "plan",
         "train.learning_rate": "config.modules.post_trainer.overrides.finetune_lr",
-        "train.lr_scheduler": "config.modules.post_trainer.overrides.lr_decay_style",
+        "train.lr_scheduler": "config.modules.post_trainer.overrides.scheduler.lr_decay_style",
         "train.warmup_ratio": "config.modules.post_trainer.overrides.lr_warmup_iters",
-        "train.weight_decay": "config.modules.post_trainer.overrides.weight_decay",
-        "train.max_grad_norm": "config.modules.post_trainer.overrides.clip_grad",
+        "train.weight_decay": "config.modules.post_trainer.overrides.optimizer.weight_decay",
+        "train.max_grad_norm": "config.modules.post_trainer.overrides.optimizer.clip_grad",
         "train.logging_steps": "config.modules.post_trainer.overrides.log_interval",
         "train.checkpoint_minutes": "config.modules.post_trainer.overrides.save_interval",
-        "train.seed": "config.modules.post_trainer.overrides.seed",
+        "train.seed": "config.modules.post_trainer.overrides.rng.seed",
         "train.report_to": "config.modules.post_trainer.overrides.tensorboard_dir",
         "train.mlflow_tracking_uri": "capabilities",
         "hardware.accelerator": "capabilities",
@@ -212,16 +226,13 @@ class Primus:
             lora_targets(train.lora.target_modules)
 
     def native(self, job: TrainJob) -> dict:
-        """The Primus experiment (the model preset it names is `preset`) and its `primus-cli` launch."""
-        dataset_dir, preset = job.work_dir / "dataset", job.work_dir / "model.yaml"
-        config = job.work_dir / "primus_posttrain.yaml"
+        """The Primus experiment (its data is exported to `dataset_dir`) and its `primus-cli` launch."""
+        dataset_dir, config = job.work_dir / "dataset", job.work_dir / "primus_posttrain.yaml"
         return {
-            "config": experiment(job, job.out.name, train_split_is_packed(job.prepared_dir), preset.resolve()),
+            "config": experiment(job, job.out.name, train_split_is_packed(job.prepared_dir), dataset_dir),
             "config_file": config,
-            "preset": model_preset(job.model_dir, dataset_dir, job.plan.data.seq_len, job.train.seed),
-            "preset_file": preset,
             "dataset_dir": dataset_dir,
-            "argv": launch_command(config, job.hardware, launch_mode(job.hardware)),
+            "argv": launch_command(config, job.hardware, launch_entry(primus_installed())),
         }
 
     def run(self, job: TrainJob) -> TrainResult:
@@ -241,11 +252,10 @@ class Primus:
         )
 
     def write_config(self, job: TrainJob) -> dict:
-        """Export the data and write the model preset and experiment YAML under `job.work_dir`; the launch."""
+        """Export the data and write the experiment YAML under `job.work_dir`; the launch."""
         job.work_dir.mkdir(parents=True, exist_ok=True)
         launch = self.native(job)
         export_dataset(job.prepared_dir, launch["dataset_dir"])
-        launch["preset_file"].write_text(yaml.safe_dump(launch["preset"], sort_keys=False))
         launch["config_file"].write_text(yaml.safe_dump(launch["config"], sort_keys=False))
         return launch
 
