@@ -1,0 +1,119 @@
+"""Host memory of a real CPU training run under each allocator: peak RSS against the plan's `mem_mb` request.
+
+    .venv/bin/python bench/bench_host_memory.py [--steps 16] [--recipe recipes/showcase/smollm2_alpaca.yaml]
+        [--allocators glibc,glibc-tuned,jemalloc,tcmalloc]
+
+Needs the recipe's prepared data (`snakemake prepared/<recipe>`; the showcase's: `make showcase` or
+`snakemake --config recipes=recipes/showcase prepared/smollm2_alpaca`). The recipe is cut to `--steps` optimizer
+steps and planned for this machine as the plan stage does; then, for each allocator, a fresh process trains it
+through the real train stage (`xtrain.train.run_training`, the recipe's backend, length-grouped batches as in a
+real run) and its peak RSS (the child's ru_maxrss) and wall time are measured:
+- glibc: no MALLOC_* variable (what a real run has);
+- glibc-tuned: MALLOC_ARENA_MAX=2, MALLOC_TRIM_THRESHOLD_=64 MiB, MALLOC_TOP_PAD_=64 MiB;
+- jemalloc / tcmalloc: LD_PRELOAD of libjemalloc.so.2 / libtcmalloc_minimal.so.4 (Debian: libjemalloc2,
+  libtcmalloc-minimal4), skipped when not installed.
+Prints a Markdown table for BENCHMARKS.md: allocator, peak RSS, the plan's request, request / peak, train seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+MIB = 2**20
+LIBRARIES = Path("/usr/lib/x86_64-linux-gnu")
+ALLOCATORS = {
+    "glibc": {},
+    "glibc-tuned": {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": str(64 * MIB), "MALLOC_TOP_PAD_": str(64 * MIB)},
+    "jemalloc": {"LD_PRELOAD": str(LIBRARIES / "libjemalloc.so.2")},
+    "tcmalloc": {"LD_PRELOAD": str(LIBRARIES / "libtcmalloc_minimal.so.4")},
+}
+TRAIN = """
+import json, logging, sys
+from pathlib import Path
+from xtrain.recipe import load_recipe
+from xtrain.train import run_training
+logging.basicConfig(level=logging.WARNING)
+recipe_path, plan, out, steps = sys.argv[1:5]
+recipe = load_recipe(recipe_path)
+name = Path(recipe_path).stem
+run_training(model_dir=Path(recipe.model.path), prepared_dir=Path("prepared") / name, plan_path=Path(plan),
+             train=recipe.train.model_copy(update={"max_steps": int(steps), "report_to": []}),
+             hardware=recipe.hardware, out=Path(out) / "checkpoint", work_dir=Path(out) / "runs")
+"""
+
+
+def plan_for(recipe_path: Path, steps: int, out: Path) -> dict:
+    from xtrain.artifacts import read_json
+    from xtrain.plan import make_plan, write_plan
+    from xtrain.recipe import load_recipe
+
+    recipe = load_recipe(recipe_path)
+    manifest = read_json(ROOT / "prepared" / recipe_path.stem / "manifest.json")
+    train = recipe.train.model_copy(update={"max_steps": steps, "report_to": []})
+    plan = make_plan(Path(recipe.model.path), manifest, train, recipe.hardware, recipe.model.trust_remote_code)
+    write_plan(out / "plan.json", plan)
+    return {"mem_mb": plan.resources.mem_mb, "peak_mib": plan.memory.peak_bytes_per_device / MIB,
+            "seconds": plan.time.seconds}
+
+
+def measure(recipe_path: Path, plan: Path, steps: int, allocator: str, out: Path) -> dict:
+    """One training run in a fresh process; its peak RSS and wall time."""
+    env = {**os.environ, **ALLOCATORS[allocator]}
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", TRAIN, str(recipe_path), str(plan), str(out), str(steps)], cwd=ROOT,
+                   env=env, check=True)
+    seconds = time.perf_counter() - started
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # this process's only child
+    metrics = json.loads((out / "checkpoint" / "train_metrics.json").read_text())
+    return {"peak_mib": peak_kib / 1024, "seconds": seconds, "final_loss": metrics["loss"][-1]["loss"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", type=Path, default=Path("recipes/showcase/smollm2_alpaca.yaml"))
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--allocators", default=",".join(ALLOCATORS))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="xtrain-host-memory-") as folder:
+        work = Path(folder)
+        planned = plan_for(args.recipe, args.steps, work)
+        rows = []
+        for allocator in args.allocators.split(","):
+            library = ALLOCATORS[allocator].get("LD_PRELOAD")
+            if library and not Path(library).is_file():
+                rows.append(f"| {allocator} | not installed ({library}) | | | | |")
+                continue
+            run = work / allocator
+            run.mkdir()
+            result = (json.loads(subprocess.run(
+                [sys.executable, __file__, "--one", allocator, str(args.recipe), str(work / "plan.json"),
+                 str(args.steps), str(run)], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+                .splitlines()[-1]))
+            rows.append(f"| {allocator} | {result['peak_mib']:,.0f} | {planned['mem_mb']:,} | "
+                        f"{planned['mem_mb'] / result['peak_mib']:.2f} | {result['seconds']:.0f} | "
+                        f"{result['final_loss']:.4f} |")
+            print(rows[-1], file=sys.stderr, flush=True)
+    print(f"{args.recipe}, {args.steps} steps; plan: traced step peak {planned['peak_mib']:,.0f} MiB, request "
+          f"{planned['mem_mb']:,} MiB, {planned['seconds']:.0f} s predicted\n")
+    print("| allocator | peak RSS (MiB) | plan mem_mb | request / peak | wall (s) | last logged loss |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        allocator, recipe, plan, steps, out = sys.argv[2:7]
+        print(json.dumps(measure(Path(recipe), Path(plan), int(steps), allocator, Path(out))))
+    else:
+        main()
