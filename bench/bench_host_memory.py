@@ -43,7 +43,11 @@ from pathlib import Path
 from xtrain.recipe import load_recipe
 from xtrain.train import run_training
 logging.basicConfig(level=logging.WARNING)
-recipe_path, plan, out, steps = sys.argv[1:5]
+recipe_path, plan, out, steps, multiple = sys.argv[1:6]
+if int(multiple) > 1:  # the experiment: batches padded to a multiple of this many tokens (fewer distinct shapes)
+    import xtrain.backends.trl as trl
+    arguments = trl.sft_arguments
+    trl.sft_arguments = lambda *a, **k: {**arguments(*a, **k), "pad_to_multiple_of": int(multiple)}
 recipe = load_recipe(recipe_path)
 name = Path(recipe_path).stem
 run_training(model_dir=Path(recipe.model.path), prepared_dir=Path("prepared") / name, plan_path=Path(plan),
@@ -66,12 +70,13 @@ def plan_for(recipe_path: Path, steps: int, out: Path) -> dict:
             "seconds": plan.time.seconds}
 
 
-def measure(recipe_path: Path, plan: Path, steps: int, allocator: str, out: Path) -> dict:
+def measure(recipe_path: Path, plan: Path, steps: int, allocator: str, out: Path, multiple: int) -> dict:
     """One training run in a fresh process; its peak RSS and wall time."""
     env = {**os.environ, **ALLOCATORS[allocator]}
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", TRAIN, str(recipe_path), str(plan), str(out), str(steps)], cwd=ROOT,
+    subprocess.run([sys.executable, "-c", TRAIN, str(recipe_path), str(plan), str(out), str(steps), str(multiple)],
+                   cwd=ROOT,
                    env=env, check=True)
     seconds = time.perf_counter() - started
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # this process's only child
@@ -84,6 +89,8 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, default=Path("recipes/showcase/smollm2_alpaca.yaml"))
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--allocators", default=",".join(ALLOCATORS))
+    parser.add_argument("--pad-to-multiple-of", type=int, default=1,
+                        help="pad each batch to a multiple of this many tokens (TRL's pad_to_multiple_of); 1: off")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="xtrain-host-memory-") as folder:
         work = Path(folder)
@@ -98,13 +105,13 @@ def main() -> None:
             run.mkdir()
             result = (json.loads(subprocess.run(
                 [sys.executable, __file__, "--one", allocator, str(args.recipe), str(work / "plan.json"),
-                 str(args.steps), str(run)], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+                 str(args.steps), str(run), str(args.pad_to_multiple_of)], cwd=ROOT, check=True, capture_output=True, text=True).stdout
                 .splitlines()[-1]))
             rows.append(f"| {allocator} | {result['peak_mib']:,.0f} | {planned['mem_mb']:,} | "
                         f"{planned['mem_mb'] / result['peak_mib']:.2f} | {result['seconds']:.0f} | "
                         f"{result['final_loss']:.4f} |")
             print(rows[-1], file=sys.stderr, flush=True)
-    print(f"{args.recipe}, {args.steps} steps; plan: traced step peak {planned['peak_mib']:,.0f} MiB, request "
+    print(f"{args.recipe}, {args.steps} steps, batches padded to a multiple of {args.pad_to_multiple_of}; plan: traced step peak {planned['peak_mib']:,.0f} MiB, request "
           f"{planned['mem_mb']:,} MiB, {planned['seconds']:.0f} s predicted\n")
     print("| allocator | peak RSS (MiB) | plan mem_mb | request / peak | wall (s) | last logged loss |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -113,7 +120,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        allocator, recipe, plan, steps, out = sys.argv[2:7]
-        print(json.dumps(measure(Path(recipe), Path(plan), int(steps), allocator, Path(out))))
+        allocator, recipe, plan, steps, out, multiple = sys.argv[2:8]
+        print(json.dumps(measure(Path(recipe), Path(plan), int(steps), allocator, Path(out), int(multiple))))
     else:
         main()

@@ -4,10 +4,11 @@
 
 1. 50,000 alpaca rows are made from data/real/alpaca_en_demo.json: copy 0 is the file as it is, every
    other copy shuffles the words of each field (same vocabulary and lengths, but distinct rows, so dedupe
-   keeps them and every row is tokenized). They are prepared twice, each in its own process whose peak
-   memory is sampled: by `prepare` (batched fast tokenization), and by a per-row loop calling
-   `apply_chat_template` one example at a time. With the demo's tokenizer (byte-level BPE, 1k vocab), and
-   with SmolLM2's (49k vocab) when its folder exists (`.venv/bin/snakemake --cores 1 models/SmolLM2-135M-Instruct`),
+   keeps them and every row is tokenized). They are prepared three times, each in its own process whose
+   peak memory is sampled: by `prepare` (batched fast tokenization), by a per-row loop calling
+   `apply_chat_template` one example at a time, and by TRL's `SFTTrainer` (its own dataset preparation:
+   template, tokenization, assistant masks, packing; what users otherwise run). With the demo's tokenizer
+   (byte-level BPE, 1k vocab), and with SmolLM2's (49k vocab) when its folder exists (`.venv/bin/snakemake --cores 1 models/SmolLM2-135M-Instruct`),
    both rendering the ChatML template the demo uses.
 2. alpaca_en_demo.json is prepared at seq_len 1024 with and without packing: packing efficiency beside
    the padding a batch would carry without packing.
@@ -54,6 +55,11 @@ def run_prepare(rows: Path, model: Path, out: Path) -> None:
     prepare([rows], model, data, out)
 
 
+def alpaca_chat(row: dict) -> list[dict]:
+    prompt = f"{row['instruction']}\n{row['input']}" if row["input"] else row["instruction"]
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
+
+
 def run_loop(rows: Path, model: Path, out: Path) -> None:
     """The baseline: read, build each chat, tokenize it alone with its assistant mask."""
     from transformers import AutoTokenizer
@@ -63,12 +69,31 @@ def run_loop(rows: Path, model: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model)
     encoded = []
     for row in json.loads(rows.read_text()):
-        prompt = f"{row['instruction']}\n{row['input']}" if row["input"] else row["instruction"]
-        chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
-        out_row = tokenizer.apply_chat_template(chat, chat_template=CHATML_TEMPLATE, tokenize=True, return_dict=True,
-                                                return_assistant_tokens_mask=True)
+        out_row = tokenizer.apply_chat_template(alpaca_chat(row), chat_template=CHATML_TEMPLATE, tokenize=True,
+                                                return_dict=True, return_assistant_tokens_mask=True)
         encoded.append((out_row["input_ids"], out_row["assistant_masks"]))
     print(f"loop tokenized {len(encoded)} rows", file=sys.stderr)
+
+
+def run_trl(rows: Path, model: Path, out: Path) -> None:
+    """What users otherwise run: TRL's SFTTrainer preparing the chats itself (template, tokenization, assistant
+    masks from the template's generation blocks, packing to seq_len), as its constructor does; the model it is
+    given is a one-layer stand-in (its preparation does not use the model)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    from xtrain.tiny_model import CHATML_TEMPLATE
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = CHATML_TEMPLATE
+    stand_in = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+    dataset = Dataset.from_list([{"messages": alpaca_chat(row)} for row in json.loads(rows.read_text())])
+    args = SFTConfig(output_dir=str(out), assistant_only_loss=True, packing=True, max_length=SEQ_LEN, report_to=[],
+                     use_cpu=True)
+    trainer = SFTTrainer(model=stand_in, args=args, train_dataset=dataset, processing_class=tokenizer)
+    print(f"trl prepared {len(trainer.train_dataset)} packed rows", file=sys.stderr)
 
 
 def measure(mode: str, rows: Path, model: Path, out: Path) -> tuple[float, int]:
@@ -98,13 +123,14 @@ def measure(mode: str, rows: Path, model: Path, out: Path) -> tuple[float, int]:
 
 
 def child_main(mode: str, rows: str, model: str, out: str) -> None:
-    # Imports are a one-off cost outside the per-row work: both sides load theirs before the clock starts.
+    # Imports are a one-off cost outside the per-row work: every side loads its own before the clock starts.
     import trl.data_utils  # noqa: F401
+    from trl import SFTTrainer  # noqa: F401
 
     import xtrain.data  # noqa: F401
 
     started = time.perf_counter()
-    (run_prepare if mode == "prepare" else run_loop)(Path(rows), Path(model), Path(out))
+    {"prepare": run_prepare, "loop": run_loop, "trl": run_trl}[mode](Path(rows), Path(model), Path(out))
     print(time.perf_counter() - started)
 
 
@@ -154,6 +180,7 @@ def main() -> None:
             out = work / f"prepared-{len(report)}"
             prepare_s, prepare_peak = measure("prepare", rows, tokenizer_model, out)
             loop_s, loop_peak = measure("loop", rows, tokenizer_model, work / "loop")
+            trl_s, trl_peak = measure("trl", rows, tokenizer_model, work / "trl")
             manifest = json.loads((out / "manifest.json").read_text())
             report[name] = {
                 "prepare_seconds": round(prepare_s, 1),
@@ -161,6 +188,9 @@ def main() -> None:
                 "loop_seconds": round(loop_s, 1),
                 "loop_peak_pss_gib": round(loop_peak / 2**30, 2),
                 "speedup": round(loop_s / prepare_s, 2),
+                "trl_sft_trainer_seconds": round(trl_s, 1),
+                "trl_sft_trainer_peak_pss_gib": round(trl_peak / 2**30, 2),
+                "speedup_over_trl": round(trl_s / prepare_s, 2),
                 "kept": next(iter(manifest["sources"].values()))["kept"],
                 "train_tokens": manifest["splits"]["train"]["tokens"],
             }
