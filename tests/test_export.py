@@ -17,7 +17,7 @@ from xtrain.data import prepare
 from xtrain.errors import RecipeError, XtrainError
 from xtrain.evaluate import evaluate
 from xtrain.export import export
-from xtrain.export.gguf_file import gguf_architecture
+from xtrain.export.gguf_file import adds_bos, gguf_architecture
 from xtrain.export.ollama import modelfile
 from xtrain.plan import make_plan, write_plan
 from xtrain.recipe import Data, DataSource, Eval, Export, Hardware, Lora, Train, parse_recipe
@@ -221,6 +221,23 @@ def test_modelfile_carries_a_template_default_system_prompt_and_refuses_unknown_
     tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     with pytest.raises(XtrainError, match="export.ollama: the chat template is none of ChatML, Llama 3"):
         modelfile(tokenizer, "m.gguf", ["<|im_end|>"])
+
+
+def test_a_bos_token_that_is_chatmls_turn_marker_stays_part_of_the_turn(trained):
+    """SmolLM2's tokenizer as shipped: bos_token `<|im_start|>` (never added on encoding) and its stock template,
+    which adds a default system prompt; the Go template renders the same prompts, the default becomes SYSTEM."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(trained["checkpoint"])
+    tokenizer.bos_token = "<|im_start|>"
+    tokenizer.chat_template = (
+        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+        "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+        "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    assert not adds_bos(tokenizer)
+    text = modelfile(tokenizer, "m.gguf", ["<|im_end|>"])
+    assert 'SYSTEM """You are a helpful AI assistant named SmolLM, trained by Hugging Face"""' in text
 
 
 def test_unsupported_architecture_is_refused_by_name():

@@ -32,6 +32,13 @@ ARCHITECTURES = {
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
+def adds_bos(tokenizer) -> bool:
+    """Whether encoding adds the BOS token by itself (Llama 3's does; SmolLM2's, whose bos_token is ChatML's
+    `<|im_start|>`, does not): what the GGUF file tells llama.cpp and Ollama to do."""
+    ids = tokenizer("a")["input_ids"]
+    return bool(ids) and tokenizer.bos_token_id is not None and ids[0] == tokenizer.bos_token_id
+
+
 def gguf_architecture(config) -> tuple[str, bool]:
     """The GGUF architecture of a transformers config and whether q/k need permuting; refuses any other."""
     names = config.architectures or [type(config).__name__]
@@ -164,7 +171,7 @@ def add_tokenizer(writer, tokenizer_dir: Path, n_vocab: int, end_of_turn_id: int
     special = gguf.SpecialVocab(tokenizer_dir, load_merges=True, n_vocab=n_vocab)
     # What the tokenizer really does, so llama.cpp adds a BOS exactly when transformers does.
     ids = tokenizer("a")["input_ids"]
-    special.add_special_token["bos"] = bool(ids) and ids[0] == tokenizer.bos_token_id
+    special.add_special_token["bos"] = adds_bos(tokenizer)
     special.add_special_token["eos"] = bool(ids) and ids[-1] == tokenizer.eos_token_id and len(ids) > 1
     if not special.chat_template:
         raise XtrainError(f"export.gguf: {tokenizer_dir} has no chat template to embed")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import XtrainError
+from .gguf_file import adds_bos
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,10 @@ PROBES = (
 
 
 def rendered(tokenizer, messages: list[dict]) -> str:
-    """The Jinja template's prompt for `messages`, without the BOS token the runtime adds itself."""
+    """The Jinja template's prompt for `messages`, without the BOS token the runtime adds itself (only where the
+    tokenizer adds one: a BOS that is also the family's turn marker is part of the turn)."""
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    bos = tokenizer.bos_token
-    return text.removeprefix(bos) if bos else text
+    return text.removeprefix(tokenizer.bos_token) if adds_bos(tokenizer) else text
 
 
 def as_family(family: Family, messages: list[dict]) -> str:
