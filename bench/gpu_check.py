@@ -1,7 +1,7 @@
 """The GPU check: each backend that can train on this machine's GPU, through xtrain's library, in one table.
 
     bench/gpu_check.sh                                   # on the GPU machine (installs the carried wheels first)
-    .venv/bin/python bench/gpu_check.py --device cpu     # here: the same code path on the CPU, a few minutes
+    .venv/bin/python bench/gpu_check.py --device cpu --steps 2   # here: the same code path on the CPU, ~1 min
 
 Runs, each prepare -> plan -> `run_training` -> `check_checkpoint` (the checkpoint contract) with
 train.backend trl_local, on hardware {accelerator: cuda, gpus: 1, gpu_model: h200} (`--gpu-model`):
@@ -11,10 +11,11 @@ train.backend trl_local, on hardware {accelerator: cuda, gpus: 1, gpu_model: h20
   assumes: LoRA, then a full fine-tune.
 For each run the table gives the plan's predicted peak GPU memory per device (plan.json
 memory.peak_bytes_per_device), the training process's `torch.cuda.max_memory_allocated` (train_metrics.json
-peak_gpu_memory_bytes), their ratio (flagged outside gpu_check_plan.TOLERANCE), the train stage's wall time
-(launch, load, train, save), the trainer's tokens/s, and whether the checkpoint meets the contract. Backends
-that cannot run here get a row that says why. The table goes to stdout, row by row, logs to stderr; the exit
-status is 1 when a run fails, breaks the contract or misses the memory tolerance.
+peak_gpu_memory_bytes), their ratio predicted / measured (flagged outside gpu_check_plan.TOLERANCE), the train
+stage's wall time (launch, load, train, save), train_metrics.json's tokens/s (its trainer checkpoints included),
+and whether the checkpoint meets the contract. Backends that cannot run here get a row that says why. The table
+goes to stdout, row by row, logs to stderr; the exit status is 1 when a run fails, breaks the contract or misses
+the memory tolerance.
 
 `--device cpu` runs the same three runs on this machine's CPU with hardware {accelerator: cpu}: the 0.5B
 shape shrunk as the smoke stage shrinks a recipe's model (xtrain.smoke.model: same vocabulary and module
@@ -229,7 +230,8 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cuda: the GPU check; cpu: the same path on this machine's CPU (a dry run)")
     parser.add_argument("--gpu-model", default="h200", help="hardware.gpu_model: a key of xtrain.gpus.GPUS")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run")
+    # The trainer saves a checkpoint every steps // 4 steps (backends/trl.py): 8 steps save 4, as a longer run does.
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     for name in ("xtrain", "gpu_check"):
