@@ -47,10 +47,12 @@ METHODS = ("lora", "full")
 # whose image lacks the lane's stack, and no network to fetch it).
 NOT_RUN = {
     "trl_cpu": "the CPU lane; trl_local runs the same trainer on the GPU",
-    "axolotl": "its stack (axolotl 0.19 with its own transformers, trl, peft and datasets pins, "
-               "envs/axolotl-cuda.lock) is not in the image and is far over the 64 MiB that can be carried",
-    "unsloth": "its stack (unsloth with trl<=1.15, transformers<=5.17, envs/unsloth-cuda.lock) is not in the image and "
-               "is over the 64 MiB that can be carried",
+    "axolotl": "its stack (envs/axolotl-cuda.lock: axolotl 0.19 with its own transformers, trl and peft pins, "
+               "bitsandbytes, xformers, liger-kernel) is not in the image, and bitsandbytes alone is a 41 MiB wheel: "
+               "with this check's own 26 MiB, over the 64 MiB a call carries",
+    "unsloth": "its stack (envs/unsloth-cuda.lock: unsloth with trl 1.15 and datasets 4.8, bitsandbytes, xformers) "
+               "is not in the image, and bitsandbytes alone is a 41 MiB wheel: with this check's own 26 MiB, over "
+               "the 64 MiB a call carries",
     "torchtune": "torchtune 0.6.1 and torchao 0.11.0 are not in the image (an option: see bench/gpu_check.sh)",
     "primus": "AMD's ROCm-only stack (rocm/primus image); this machine's GPU is NVIDIA",
 }
