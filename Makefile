@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lock demo showcase test lint docs dvc.yaml clean
+.PHONY: venv lock demo showcase test lint docs dvc.yaml gpu-wheels clean
 
 venv: $(STAMP)
 
@@ -59,6 +59,26 @@ docs: venv
 # One DVC stage per recipe; rerun after adding or removing a recipe (a test checks it is current).
 dvc.yaml: venv
 	$(BIN)/python -m xtrain.dvc_stages
+
+# The wheels bench/gpu_check.sh installs on the GPU machine, whose image (Python 3.12, torch 2.11, transformers 5.17,
+# peft, accelerate, pyarrow, pandas ...; no network) lacks the rest of xtrain's trl_local path: TRL, datasets and the
+# two it adds (dill, multiprocess), pydantic and its three, datasketch (prepare's near-dedupe), and, at the lock's
+# versions because older ones break xtrain there, transformers (5.24's argument names), peft, fsspec (datasets'
+# upper bound) and typing-extensions (pydantic's lower bound). Checked against envs/xtrain.lock's hashes. The folder
+# travels to the machine in a device call's `carry` (64 MiB with the rest of the tree; BENCHMARKS.md).
+GPU_WHEELS := bench/.gpu_wheels
+GPU_PACKAGES := trl datasets dill multiprocess pydantic pydantic-core annotated-types typing-inspection datasketch \
+	transformers peft fsspec typing-extensions
+GPU_PYTHON_VERSION ?= 3.12
+gpu-wheels:
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	awk -v names=" $(GPU_PACKAGES) " '/^[a-z]/ {split($$1, pin, "=="); keep = index(names, " " pin[1] " ")} keep' \
+		envs/xtrain.lock > $(GPU_WHEELS)/requirements.txt
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --dest $(GPU_WHEELS) \
+		--python-version $(GPU_PYTHON_VERSION) --implementation cp --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -r $(GPU_WHEELS)/requirements.txt
+	test $$(ls $(GPU_WHEELS)/*.whl | wc -l) -eq $(words $(GPU_PACKAGES))
+	du -sh $(GPU_WHEELS)
 
 clean:
 	rm -rf models prepared plans checkpoints reports runs logs benchmarks smoke exports .snakemake

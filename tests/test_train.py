@@ -11,8 +11,10 @@ import torch
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import build_run
 
+from xtrain.backends import TrainResult
 from xtrain.evaluate import load_tuned
 from xtrain.recipe import Train
+from xtrain.train import train_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +49,7 @@ def test_lora_checkpoint_contract(lora_run, tiny_model):
     assert metrics["steps"] == 12
     assert [entry["step"] for entry in metrics["loss"]] == [1, 2, 4, 6, 8, 10, 12]
     assert metrics["tokens_per_second"] > 0
+    assert metrics["peak_gpu_memory_bytes"] is None, "no GPU here"
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     prepared = json.loads((lora_run["prepared"] / "manifest.json").read_text())
     assert manifest["data_fingerprint"] == prepared["fingerprint"]
@@ -111,3 +114,10 @@ def test_same_seed_gives_the_same_adapter(lora_run, tiny_model, tmp_path):
     assert first.keys() == second.keys()
     for key in first:
         torch.testing.assert_close(first[key], second[key], rtol=0, atol=1e-6)
+
+
+def test_the_peak_gpu_memory_is_the_largest_any_logged_step_recorded():
+    history = [{"step": 1, "loss": 2.0, "peak_gpu_memory_mib": 1024.5},
+               {"step": 2, "loss": 1.5, "peak_gpu_memory_mib": 3072.0}, {"step": 2, "train_runtime": 1.0}]
+    metrics = train_metrics(TrainResult(history, tokens_seen=100, train_seconds=1.0))
+    assert metrics["peak_gpu_memory_bytes"] == 3072 * 2**20

@@ -61,6 +61,7 @@ def train_metrics(result: TrainResult) -> dict[str, Any]:
         if "loss" in entry
     ]
     summary = next((entry for entry in reversed(result.log_history) if "train_runtime" in entry), {})
+    gpu_peaks = [entry["peak_gpu_memory_mib"] for entry in result.log_history if "peak_gpu_memory_mib" in entry]
     return {
         "loss": losses,
         "final_loss": losses[-1]["loss"] if losses else None,
@@ -73,6 +74,9 @@ def train_metrics(result: TrainResult) -> dict[str, Any]:
         # waited for (a backend that trains in its own environment's interpreter).
         "peak_host_memory_bytes": max(resource.getrusage(who).ru_maxrss
                                       for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) * 1024,
+        # torch.cuda.max_memory_allocated of the (main) training process, as its logged steps recorded it; None on
+        # the CPU and for backends whose steps do not reach the log history.
+        "peak_gpu_memory_bytes": round(max(gpu_peaks) * 2**20) if gpu_peaks else None,
     }
 
 
