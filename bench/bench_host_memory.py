@@ -10,6 +10,8 @@ through the real train stage (`xtrain.train.run_training`, the recipe's backend,
 real run) and its peak RSS (the child's ru_maxrss) and wall time are measured:
 - glibc: no MALLOC_* variable (what a real run has);
 - glibc-tuned: MALLOC_ARENA_MAX=2, MALLOC_TRIM_THRESHOLD_=64 MiB, MALLOC_TOP_PAD_=64 MiB;
+- glibc-mmap: MALLOC_MMAP_THRESHOLD_=65536 (every block over 64 KiB its own mapping, unmapped when freed: what
+  bench/bench_plan.py's fixed-shape table runs under);
 - jemalloc / tcmalloc: LD_PRELOAD of libjemalloc.so.2 / libtcmalloc_minimal.so.4 (Debian: libjemalloc2,
   libtcmalloc-minimal4), skipped when not installed.
 Prints a Markdown table for BENCHMARKS.md: allocator, peak RSS, the plan's request, request / peak, train seconds.
@@ -34,6 +36,7 @@ LIBRARIES = Path("/usr/lib/x86_64-linux-gnu")
 ALLOCATORS = {
     "glibc": {},
     "glibc-tuned": {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": str(64 * MIB), "MALLOC_TOP_PAD_": str(64 * MIB)},
+    "glibc-mmap": {"MALLOC_MMAP_THRESHOLD_": "65536"},
     "jemalloc": {"LD_PRELOAD": str(LIBRARIES / "libjemalloc.so.2")},
     "tcmalloc": {"LD_PRELOAD": str(LIBRARIES / "libtcmalloc_minimal.so.4")},
 }
@@ -72,8 +75,8 @@ def plan_for(recipe_path: Path, steps: int, out: Path) -> dict:
 
 def measure(recipe_path: Path, plan: Path, steps: int, allocator: str, out: Path, multiple: int) -> dict:
     """One training run in a fresh process; its peak RSS and wall time."""
-    env = {**os.environ, **ALLOCATORS[allocator]}
-    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
+    env.update(ALLOCATORS[allocator])
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", TRAIN, str(recipe_path), str(plan), str(out), str(steps), str(multiple)],
                    cwd=ROOT,
