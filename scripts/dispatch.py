@@ -3,6 +3,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain import allocator
+
+allocator.preload()  # TCMalloc or jemalloc when the machine has one: this script starts again under it
 from xtrain.recipe import Hardware, Train, trusts_remote_code
 from xtrain.stage import recipe_file, run_stage
 from xtrain.train import run_training

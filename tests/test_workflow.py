@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SNAKEMAKE, copy_workflow, scheduled_jobs, snakemake
 
+from xtrain import allocator
+
 pytestmark = pytest.mark.slow
 
 DEMO = (REPO / "recipes" / "demo.yaml").read_text()
@@ -72,6 +74,9 @@ def test_complete_build_has_every_target(project):
         assert (project / f"checkpoints/{recipe}/manifest.json").is_file()
         metrics = json.loads((project / f"reports/{recipe}/eval.json").read_text())
         assert metrics["tuned_loss"] < metrics["base_loss"]
+        # The train job started again under the allocator this machine offers (TCMalloc, jemalloc or glibc's own).
+        train = json.loads((project / f"checkpoints/{recipe}/train_metrics.json").read_text())
+        assert train["allocator"] == allocator.for_train_job()
         for stage in ("prepare", "train", "evaluate"):  # each job's measured time and peak memory
             header = (project / f"benchmarks/{recipe}/{stage}.tsv").read_text().splitlines()[0].split("\t")
             assert header[:2] == ["s", "h:m:s"] and "max_rss" in header

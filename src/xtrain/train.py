@@ -19,7 +19,7 @@ from typing import Any
 
 from xtrain_backend_side.prepared import train_split_is_packed
 
-from . import backends, tracking
+from . import allocator, backends, tracking
 from .artifacts import atomic_dir, read_json, write_json
 from .backends import TrainJob, TrainResult
 from .backends.guards import last_complete_checkpoint
@@ -77,6 +77,7 @@ def train_metrics(result: TrainResult) -> dict[str, Any]:
         # torch.cuda.max_memory_allocated of the (main) training process, as its logged steps recorded it; None on
         # the CPU and for backends whose steps do not reach the log history.
         "peak_gpu_memory_bytes": round(max(gpu_peaks) * 2**20) if gpu_peaks else None,
+        "allocator": allocator.running(),
     }
 
 
