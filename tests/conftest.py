@@ -64,7 +64,8 @@ SAMPLE_PLAN = {
              "ops_per_micro_step": 2058, "device_flops": 1.35e11, "op_seconds": 1.48e-05,
              "throughput_source": "cpu probe (2 threads, fp32, width 96) x efficiency 0.75",
              "seconds_per_step": 0.0331, "seconds": 1.5},
-    "resources": {"gpus": 0, "nodes": 1, "cpus": 2, "mem_mb": 1943, "runtime": 11},
+    "resources": {"gpus": 0, "nodes": 1, "cpus": 2, "mem_mb": 1943, "runtime": 11,
+                  "allocator": "glibc"},
 }
 
 

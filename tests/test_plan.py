@@ -300,3 +300,19 @@ def test_a_plan_is_validated_when_written_and_read(tmp_path):
     write_json(tmp_path / "old.json", {**SAMPLE_PLAN, "layout": {"micro_batch_size": 8}})
     with pytest.raises(XtrainError, match=r"old.json: not a plan .*layout.strategy: Field required.*rerun the plan"):
         read_plan(tmp_path / "old.json")
+
+
+def test_the_host_memory_request_allows_for_what_the_train_jobs_allocator_keeps(model_dir, monkeypatch):
+    """glibc keeps what each batch shape frees (the showcase's peak: 1.75x the prediction); TCMalloc and jemalloc,
+    which the train job runs under when the machine has them, give it back."""
+    from xtrain import plan as planning
+
+    requests = {}
+    for name in ("glibc", "tcmalloc"):
+        monkeypatch.setattr(planning.allocator, "for_train_job", lambda name=name: name)
+        made = make_plan(model_dir, manifest(), Train(global_batch_size=8), Hardware(host_memory_gb=16, cpus=2))
+        assert made.resources.allocator == name
+        requests[name] = made.resources.mem_mb
+        step = made.memory.peak_bytes_per_device + planning.PROCESS_OVERHEAD_BYTES
+        assert made.resources.mem_mb == math.ceil(step * planning.HOST_RETENTION[name] * 1.25 / 2**20)
+    assert requests["glibc"] > requests["tcmalloc"]

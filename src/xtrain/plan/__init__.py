@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .. import allocator
 from ..errors import XtrainError
 from ..gpus import GPUS
 from ..recipe import DATA_KINDS, Hardware, Train
@@ -31,6 +32,11 @@ log = logging.getLogger(__name__)
 GIB = 2**30
 # Host memory a training process needs besides the model: interpreter, torch, transformers, trl.
 PROCESS_OVERHEAD_BYTES = int(1.5 * GIB)
+# A CPU request is 1.25x (process + traced step peak) x what the train job's allocator keeps of the blocks freed
+# across a run's batch shapes beyond that margin. Measured on the whole showcase run (BENCHMARKS.md, "Host memory of
+# a real run"): under TCMalloc the peak RSS was 1.23x the prediction (the request 1.02x the peak); under glibc
+# 1.75x. jemalloc, measured over 16 steps only, kept no more than TCMalloc.
+HOST_RETENTION = {"tcmalloc": 1.0, "jemalloc": 1.0, "glibc": 1.45}
 HOST_HEADROOM = 0.9  # share of a CPU node's RAM a run may fill; the rest is the OS's
 # What torch.cuda.max_memory_allocated does not see: the CUDA/HIP context and cuBLAS workspaces, and the
 # caching allocator's fragmentation on top of the tensors' peak.
@@ -335,11 +341,12 @@ def more_gpus(planner: Planner, step: Step, need: int) -> list[str]:
     return fixes
 
 
-def resources(planner: Planner, peak: int, seconds: float) -> dict[str, int]:
+def resources(planner: Planner, peak: int, seconds: float) -> dict[str, Any]:
     """What the train job asks the scheduler for, per node: GPUs, cores, host memory, minutes."""
-    hardware, params = planner.hardware, planner.params
+    hardware, params, memory_allocator = planner.hardware, planner.params, allocator.for_train_job()
     if hardware.accelerator == "cpu":
-        host_bytes, cpus = hardware.processes * (PROCESS_OVERHEAD_BYTES + peak), cpu_count(hardware)
+        host_bytes = hardware.processes * (PROCESS_OVERHEAD_BYTES + peak) * HOST_RETENTION[memory_allocator]
+        cpus = cpu_count(hardware)
     else:  # each GPU's process holds a host copy of the weights while loading them
         host_bytes = hardware.gpus * (PROCESS_OVERHEAD_BYTES + params["total"] * 4)
         cpus = hardware.cpus or GPU_HOST_CPUS * hardware.gpus
@@ -348,6 +355,7 @@ def resources(planner: Planner, peak: int, seconds: float) -> dict[str, int]:
         "nodes": hardware.nodes,
         "cpus": cpus,
         "mem_mb": math.ceil(host_bytes * 1.25 / 2**20),
+        "allocator": memory_allocator,
         # Half again the prediction, plus ten minutes for loading, saving and scheduling.
         "runtime": math.ceil(seconds * 1.5 / 60) + 10,
     }

@@ -125,8 +125,13 @@ class Resources(Section):
     nodes: int = Field(description="`hardware.nodes`")
     cpus: int = Field(description="`hardware.cpus`, else the planning machine's cores (CPU) or 8 per GPU")
     mem_mb: int = Field(
-        description="host memory per node × 1.25: per CPU process the process (1.5 GiB) plus the peak, or per GPU the "
-        "process plus an fp32 copy of the weights while loading"
+        description="host memory per node × 1.25: per CPU process the process (1.5 GiB) plus the peak, × 1.45 more "
+        "when `allocator` is glibc (which keeps what each batch shape frees); per GPU the process plus an fp32 copy "
+        "of the weights while loading"
+    )
+    allocator: Literal["tcmalloc", "jemalloc", "glibc"] = Field(
+        description="the allocator the train job runs under: TCMalloc, else jemalloc, preloaded when the planning "
+        "machine has it (`xtrain.allocator`), else glibc's"
     )
     runtime: int = Field(description="minutes: 1.5 × the predicted time + 10 for loading, saving and scheduling")
 
