@@ -15,6 +15,8 @@ real run) and its peak RSS (the child's ru_maxrss) and wall time are measured:
 - jemalloc / tcmalloc: LD_PRELOAD of libjemalloc.so.2 / libtcmalloc_minimal.so.4 (Debian: libjemalloc2,
   libtcmalloc-minimal4), skipped when not installed.
 Prints a Markdown table for BENCHMARKS.md: allocator, peak RSS, the plan's request, request / peak, train seconds.
+The request is the plan made here, for the allocator a train job on this machine gets (`resources.allocator`:
+TCMalloc where it is installed), whichever allocator the row measures.
 """
 
 from __future__ import annotations
