@@ -18,6 +18,8 @@ import pytest
 from conftest import HANG_SECONDS, REPO, copy_workflow, scheduled_jobs, snakemake
 from debian import ensure_installed
 
+from xtrain import allocator
+
 pytestmark = pytest.mark.slow
 
 # The demo recipe plus a local lm-evaluation-harness task (tests/data/lm_eval, copied into the project).
@@ -201,6 +203,7 @@ def test_report_renders_in_chromium_with_every_plot_loaded(demo, chromium, tmp_p
     for heading in ("Base vs tuned", "Sample answers", "Training", "Plan: predicted vs measured", "Data", "Recipe"):
         assert f"<h2>{heading}" in text
     assert "Gate: loss_improvement" in text
+    assert f"(allocator: {allocator.for_train_job()})" in text  # the one the Snakemake train job ran under
     for plot in ("metrics", "training", "lengths"):
         assert (demo / f"reports/demo/plots/{plot}.svg").read_bytes().startswith(b"<?xml")
 

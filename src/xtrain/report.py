@@ -204,7 +204,8 @@ def plan_rows(plan: Plan, train_metrics: dict[str, Any]) -> list[list[Any]]:
          ratio(train_metrics.get("tokens_per_second"), predicted_rate)],
         [f"peak training-step memory per {html.escape(memory.device)} device (MiB)",
          _mib(memory.peak_bytes_per_device), "—", "not measured separately"],
-        ["host memory (MiB): requested vs peak RSS of the training process", _mib(host_request), _mib(rss),
+        [f"host memory (MiB): requested vs peak RSS of the training process (allocator: "
+         f"{html.escape(train_metrics.get('allocator', 'not recorded'))})", _mib(host_request), _mib(rss),
          ratio(rss, host_request)],
     ]
 
