@@ -12,7 +12,7 @@ real run) and its peak RSS (the child's ru_maxrss) and wall time are measured:
 - glibc-tuned: MALLOC_ARENA_MAX=2, MALLOC_TRIM_THRESHOLD_=64 MiB, MALLOC_TOP_PAD_=64 MiB;
 - glibc-mmap: MALLOC_MMAP_THRESHOLD_=65536 (every block over 64 KiB its own mapping, unmapped when freed: what
   bench/bench_plan.py's fixed-shape table runs under);
-- jemalloc / tcmalloc: LD_PRELOAD of libjemalloc.so.2 / libtcmalloc_minimal.so.4 (Debian: libjemalloc2,
+- jemalloc / tcmalloc: LD_PRELOAD of the library ctypes.util.find_library names (Debian: libjemalloc2,
   libtcmalloc-minimal4), skipped when not installed.
 Prints a Markdown table for BENCHMARKS.md: allocator, peak RSS, the plan's request, request / peak, train seconds.
 The request is the plan made here, for the allocator a train job on this machine gets (`resources.allocator`:
@@ -22,6 +22,7 @@ TCMalloc where it is installed), whichever allocator the row measures.
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import json
 import os
 import resource
@@ -34,13 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 MIB = 2**20
-LIBRARIES = Path("/usr/lib/x86_64-linux-gnu")
 ALLOCATORS = {
     "glibc": {},
     "glibc-tuned": {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": str(64 * MIB), "MALLOC_TOP_PAD_": str(64 * MIB)},
     "glibc-mmap": {"MALLOC_MMAP_THRESHOLD_": "65536"},
-    "jemalloc": {"LD_PRELOAD": str(LIBRARIES / "libjemalloc.so.2")},
-    "tcmalloc": {"LD_PRELOAD": str(LIBRARIES / "libtcmalloc_minimal.so.4")},
+    "jemalloc": {"LD_PRELOAD": ctypes.util.find_library("jemalloc")},
+    "tcmalloc": {"LD_PRELOAD": ctypes.util.find_library("tcmalloc_minimal")},
 }
 TRAIN = """
 import json, logging, sys
@@ -102,9 +102,8 @@ def main() -> None:
         planned = plan_for(args.recipe, args.steps, work)
         rows = []
         for allocator in args.allocators.split(","):
-            library = ALLOCATORS[allocator].get("LD_PRELOAD")
-            if library and not Path(library).is_file():
-                rows.append(f"| {allocator} | not installed ({library}) | | | | |")
+            if ALLOCATORS[allocator].get("LD_PRELOAD", "") is None:  # a preload this machine lacks
+                rows.append(f"| {allocator} | not installed | | | | |")
                 continue
             run = work / allocator
             run.mkdir()

@@ -16,11 +16,8 @@ LD_PRELOAD the user set is left as it is.
 from __future__ import annotations
 
 import ctypes.util
-import logging
 import os
 import sys
-
-log = logging.getLogger(__name__)
 
 # Library names as ctypes.util.find_library knows them (Debian: libtcmalloc-minimal4 or libgoogle-perftools4,
 # libjemalloc2; RHEL: gperftools-libs, jemalloc), in the order they are preferred.
