@@ -55,6 +55,8 @@ SAMPLE_PLAN = {
     "layout": {"strategy": "single", "devices": 1, "nodes": 1, "global_batch_size": 8, "micro_batch_size": 8,
                "gradient_accumulation_steps": 1},
     "precision": "fp32", "weights_dtype": "fp32", "gradient_checkpointing": False,
+    "compile": {"speedup": 0.92, "warmup_seconds": 0.0, "batch_shapes": 2,
+                "reason": "eager: a compiled step on cpu in fp32 measured 0.92x: slower than eager"},
     "memory": {"estimator": "traced", "device": "cpu", "peak_bytes_per_device": 18666280,
                "reserved_bytes_per_device": 18666280, "budget_bytes_per_device": 21137969971,
                "breakdown_bytes": {"weights": 1329120, "gradients": 0, "optimizer": 172096, "activations": 12184328,

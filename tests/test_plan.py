@@ -316,3 +316,65 @@ def test_the_host_memory_request_allows_for_what_the_train_jobs_allocator_keeps(
         step = made.memory.peak_bytes_per_device + planning.PROCESS_OVERHEAD_BYTES
         assert made.resources.mem_mb == math.ceil(step * planning.HOST_RETENTION[name] * 1.25 / 2**20)
     assert requests["glibc"] > requests["tcmalloc"]
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"backend_compiles": False}, "train.backend axolotl does not compile"),
+    ({"objective": "dpo"}, "compiled preference steps are not measured"),
+    ({"device": "cuda"}, "speed-up on cuda in bf16 is not measured"),
+    ({"precision": "fp32"}, "measured 0.92x: slower than eager"),
+    ({"micro_steps": 10}, "not more than the 85 s compile"),
+    ({"mean_len": 20.0}, "would save -"),
+    ({"ops": 0}, "its compile time is unknown"),
+])
+def test_compile_is_ruled_out_with_the_reason(change, reason):
+    from xtrain.plan.compile import decide
+
+    settings = {"device": "cpu", "precision": "bf16", "objective": "sft", "backend": "axolotl", "backend_compiles": True,
+                "micro_steps": 1000, "micro_seconds": 2.0, "ops": 7051, "shapes": 8, "mean_len": 300.0}
+    assert decide(**settings).mode == "default"
+    eager = decide(**{**settings, **change})
+    assert eager.mode is None and eager.warmup_seconds == 0 and eager.pad_to_multiple_of is None
+    assert eager.reason.startswith("eager: ") and reason in eager.reason
+
+
+def test_compile_pays_only_when_the_steps_repay_the_warmup():
+    """Warm-up: 6 ms per op per compile, two compiles when batch lengths vary (one when every row is one length,
+    which then needs no bucket); the saving: (1 - padding / speed-up) of the eager micro-steps."""
+    from xtrain.plan.compile import batch_shapes, decide, padding
+
+    assert batch_shapes(512, 512.0) == 1 and batch_shapes(512, 300.0) == 32 and batch_shapes(100, 60.0) == 7
+    fixed = decide("cpu", "bf16", "sft", "trl_cpu", True, 1000, 2.0, 7051, 1, 512.0)
+    assert fixed.mode == "default" and fixed.pad_to_multiple_of is None
+    assert fixed.warmup_seconds == pytest.approx(0.006 * 7051, abs=0.1)
+    varied = decide("cpu", "bf16", "sft", "trl_cpu", True, 1000, 2.0, 7051, 32, 300.0)
+    assert varied.pad_to_multiple_of == 16 and varied.warmup_seconds == pytest.approx(2 * 0.006 * 7051, abs=0.1)
+    # Just below and just above the break-even number of micro-steps.
+    per_step = 2.0 * (1 - padding(32, 300.0) / 1.20)
+    break_even = varied.warmup_seconds / per_step
+    assert decide("cpu", "bf16", "sft", "trl_cpu", True, int(break_even), 2.0, 7051, 32, 300.0).mode is None
+    assert decide("cpu", "bf16", "sft", "trl_cpu", True, int(break_even) + 2, 2.0, 7051, 32, 300.0).mode == "default"
+    # Rows so short that half a bucket of padding costs more than compiling gains.
+    assert "would save -" in decide("cpu", "bf16", "sft", "trl_cpu", True, 1000, 2.0, 7051, 32, 30.0).reason
+
+
+def test_a_long_bf16_run_on_the_cpu_is_planned_compiled(model_dir, monkeypatch):
+    """The plan compiles where it pays on a backend that compiles: its time holds the faster steps and the warm-up,
+    its memory the batches padded to the bucket; a backend that does not compile is planned eager, saying so."""
+    import xtrain.plan as plan_module
+    from xtrain.plan import compile as compilation
+
+    monkeypatch.setattr(plan_module, "cpu_supports_bf16", lambda: True)
+    monkeypatch.setattr(plan_module, "precisions", lambda hardware, backend: ["bf16"])
+    monkeypatch.setattr(compilation, "SECONDS_PER_OP", 1e-5)  # the tiny model's step: make compiling pay
+    data = manifest(rows=4000, mean_len=90, seq_len=100)
+    compiled = make_plan(model_dir, data, Train(global_batch_size=8), Hardware())
+    assert compiled.compile.mode == "default" and compiled.compile.pad_to_multiple_of == 16
+    assert compiled.compile.batch_shapes == 7
+    eager = make_plan(model_dir, data, Train(global_batch_size=8, backend="axolotl"), Hardware())
+    assert eager.compile.mode is None and "axolotl does not compile" in eager.compile.reason
+    ratio = (1 + 8 / 90) / 1.20  # half a bucket of padding per row, at the measured speed-up
+    assert compiled.time.seconds_per_step == pytest.approx(eager.time.seconds_per_step * ratio, rel=5e-3)
+    assert compiled.time.seconds == pytest.approx(
+        compiled.time.steps * compiled.time.seconds_per_step + compiled.compile.warmup_seconds, abs=0.2)
+    assert compiled.memory.peak_bytes_per_device > eager.memory.peak_bytes_per_device  # rows padded 100 -> 112

@@ -121,3 +121,27 @@ def test_the_peak_gpu_memory_is_the_largest_any_logged_step_recorded():
                {"step": 2, "loss": 1.5, "peak_gpu_memory_mib": 3072.0}, {"step": 2, "train_runtime": 1.0}]
     metrics = train_metrics(TrainResult(history, tokens_seen=100, train_seconds=1.0))
     assert metrics["peak_gpu_memory_bytes"] == 3072 * 2**20
+
+
+def test_a_compiled_plan_trains_under_torch_compile(tiny_model, tmp_path, monkeypatch, caplog):
+    """trl_cpu honours plan.compile: the step runs as inductor graphs (one per shape, then a symbolic one) on batches
+    padded to the bucket, and the checkpoint is the same contract."""
+    import logging
+
+    from torch._dynamo.utils import counters
+
+    from xtrain.plan import compile as compilation
+    from xtrain.plan import read_plan
+
+    monkeypatch.setattr(compilation, "SPEEDUP", {("cpu", "fp32"): 3.0, ("cpu", "bf16"): 3.0})  # make it pay
+    monkeypatch.setattr(compilation, "SECONDS_PER_OP", 1e-9)
+    counters.clear()
+    train = Train(method="lora", global_batch_size=4, max_steps=3, learning_rate=5e-3, logging_steps=1)
+    with caplog.at_level(logging.INFO, logger="xtrain"):
+        run = build_run(tmp_path, tiny_model, train)
+    plan = read_plan(run["plan"])
+    assert plan.compile.mode == "default" and plan.compile.pad_to_multiple_of == compilation.LENGTH_BUCKET
+    assert counters["stats"]["unique_graphs"] >= 1, "no graph was compiled"
+    assert "model wrapped as OptimizedModule" in caplog.text
+    metrics = assert_checkpoint_contract(run["checkpoint"], tiny_model, "trl_cpu")
+    assert metrics["steps"] == 3 and math.isfinite(metrics["final_loss"])

@@ -79,6 +79,7 @@ class Capabilities:
     precisions: tuple[str, ...]  # autocast dtypes the plan may choose for it
     packing: bool  # trains on packed rows (data.packing: true)
     resume: bool  # continues an interrupted run from its last trainer checkpoint
+    compiles: bool = False  # trains under torch.compile (and buckets batch lengths) when the plan decides it pays
     trackers: tuple[str, ...] = TRACKERS  # train.report_to values it writes to
 
 

@@ -214,6 +214,9 @@ def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool 
         # Used only under torchrun (accelerate picks gloo on the CPU, nccl/rccl on GPUs). Every parameter that
         # trains takes part in each step: skipping DDP's search for unused ones saves a graph traversal per step.
         ddp_find_unused_parameters=False,
+        # The plan's compile decision (plan.compile): inductor, with batch lengths rounded up to its bucket.
+        **({"torch_compile": True, "torch_compile_mode": plan.compile.mode,
+            "pad_to_multiple_of": plan.compile.pad_to_multiple_of} if plan.compile.mode else {}),
     )
 
 

@@ -14,7 +14,7 @@ class TrlCpu:
     capabilities = Capabilities(
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
         methods=("lora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16"), packing=True,
-        resume=True,
+        resume=True, compiles=True,
     )
     fields = TRL_FIELDS | ONE_CPU_PROCESS
 

@@ -63,7 +63,7 @@ class TrlLocal:
     capabilities = Capabilities(
         status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None,
         max_processes=None, methods=("lora", "full"), objectives=("sft", "dpo", "kto", "orpo"),
-        precisions=("fp32", "bf16", "fp16"), packing=True, resume=True,
+        precisions=("fp32", "bf16", "fp16"), packing=True, resume=True, compiles=True,
     )
     fields = TRL_FIELDS | {
         "hardware.accelerator": "placement.device",

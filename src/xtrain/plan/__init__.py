@@ -21,9 +21,10 @@ from .. import allocator
 from ..errors import XtrainError
 from ..gpus import GPUS
 from ..recipe import DATA_KINDS, Hardware, Train
+from . import compile as compilation
 from .memory import BYTES, Step, analytical, traced
 from .model import count_parameters
-from .schema import Plan, read_plan, write_plan
+from .schema import Compile, Plan, read_plan, write_plan
 from .speed import cpu_count, cpu_supports_bf16, device_rates, flops_per_token
 
 __all__ = ["Plan", "count_parameters", "make_plan", "read_plan", "write_plan"]
@@ -153,13 +154,15 @@ def make_plan(
         candidates = fitting_steps(planner, candidates_precisions, per_device, longest, mean_len)
     if not candidates:
         raise does_not_fit(planner, candidates_precisions[0], per_device, longest)
-    step_seconds, layout, speed = min(candidates, key=lambda c: c[0])  # the fastest precision that fits
+    # The fastest precision that fits, each compiled where that pays.
+    step_seconds, layout, speed, compiling = min((with_compile(planner, *candidate, steps, longest, mean_len)
+                                                  for candidate in candidates), key=lambda c: total_seconds(c, steps))
     step = layout["step"]
     breakdown = planner.breakdown(step, layout["strategy"])
     peak = sum(breakdown.values())
     precompute = (REFERENCE_FORWARD * step_seconds * math.ceil(data["rows"] / train.global_batch_size)
                   if planner.reference == "precomputed" else None)
-    seconds = steps * step_seconds + (precompute or 0)
+    seconds = total_seconds((step_seconds, layout, speed, compiling), steps) + (precompute or 0)
     return Plan.model_validate({
         "model": params,
         "data": {
@@ -182,6 +185,7 @@ def make_plan(
         "precision": step.precision,
         "weights_dtype": step.weights_dtype,
         "gradient_checkpointing": step.checkpointing,
+        "compile": compiling,
         "reference": planner.reference,
         "memory": {
             "estimator": planner.estimator,
@@ -203,6 +207,36 @@ def make_plan(
         },
         "resources": resources(planner, peak, seconds),
     })
+
+
+def with_compile(planner: Planner, step_seconds: float, layout: dict, speed: dict, steps: int, longest: int,
+                 mean_len: float) -> tuple[float, dict, dict, Compile]:
+    """A fitting candidate under the compile decision: its step seconds, its layout (compiled batches are padded to
+    a bucket, which memory must allow), its speed terms and the decision."""
+    from ..backends import get_backend
+
+    train, step = planner.train, layout["step"]
+    shapes = compilation.batch_shapes(longest, mean_len)
+    accumulation = layout["accumulation"]
+    decision = compilation.decide(
+        planner.hardware.accelerator, step.precision, train.objective, train.backend,
+        get_backend(train.backend).capabilities.compiles, steps * accumulation, step_seconds / accumulation,
+        speed["ops_per_micro_step"], shapes, mean_len)
+    if not decision.mode:
+        return step_seconds, layout, speed, decision
+    bucket = decision.pad_to_multiple_of or 1
+    padded = replace(step, seq_len=-(-longest // bucket) * bucket)
+    if not planner.fits(padded, layout["strategy"]):
+        return step_seconds, layout, speed, decision.model_copy(update={
+            "mode": None, "warmup_seconds": 0.0, "pad_to_multiple_of": None,
+            "reason": f"eager: batches padded to {padded.seq_len} tokens would not fit"})
+    compiled_seconds = step_seconds * compilation.padding(shapes, mean_len) / decision.speedup
+    return compiled_seconds, {**layout, "step": padded}, speed, decision
+
+
+def total_seconds(candidate: tuple[float, dict, dict, Compile], steps: int) -> float:
+    step_seconds, _, _, compiling = candidate
+    return steps * step_seconds + compiling.warmup_seconds
 
 
 def first_reference(train: Train) -> str | None:

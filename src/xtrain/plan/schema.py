@@ -108,14 +108,32 @@ class Time(Section):
     throughput_source: str = Field(description="where `device_flops` came from")
     cpu_probe: CpuProbe | None = Field(None, description="CPU plans only: the probe figures the rates rest on")
     seconds_per_step: float = Field(
-        description="accumulation × (micro tokens × flops_per_token / device_flops + ops × op_seconds)"
+        description="accumulation × (micro tokens × flops_per_token / device_flops + ops × op_seconds); compiled: "
+        "× the bucket padding / `compile.speedup`"
     )
     reference_precompute_seconds: float | None = Field(
         None, description="`reference: precomputed` only: one reference forward over every train row before step 1 "
         "(a third of a step's compute per global batch of rows), included in `seconds`"
     )
-    seconds: float = Field(description="steps × seconds_per_step (+ the reference precompute); data-parallel "
-                           "communication is not included")
+    seconds: float = Field(description="steps × seconds_per_step (+ the reference precompute and the compile "
+                           "warm-up); data-parallel communication is not included")
+
+
+class Compile(Section):
+    """Whether the step runs under `torch.compile` (`xtrain.plan.compile`), and why."""
+
+    mode: Literal["default"] | None = Field(None, description="torch.compile mode the backend trains with; null: eager")
+    speedup: float | None = Field(
+        None, description="measured step speed-up of compiling on this device and precision (BENCHMARKS.md \"Compiled "
+        "training\"); null where unmeasured"
+    )
+    warmup_seconds: float = Field(description="compile time, included in `time.seconds`: 6 ms per traced op, per compile")
+    batch_shapes: int = Field(
+        description="padded batch lengths the run can see (1 when every row is as long as the longest, else "
+        "seq_len / 16); more than one costs a second compile with a symbolic length"
+    )
+    pad_to_multiple_of: int | None = Field(None, description="compiled runs pad each batch up to a multiple of 16 tokens")
+    reason: str = Field(description="the decision in words: the time it saves against the compile, or what rules it out")
 
 
 class Resources(Section):
@@ -147,6 +165,7 @@ class Plan(Section):
         description="dtype the weights are held in: fp32, or the GPU's 16-bit dtype for a LoRA base"
     )
     gradient_checkpointing: bool = Field(description="recompute activations in backward: only when the run needs it")
+    compile: Compile
     reference: Literal["adapter", "copy", "precomputed"] | None = Field(
         None, description="DPO and KTO: where the reference model's log-probabilities come from. `adapter`: LoRA's "
         "base with the adapter disabled, in each step; `copy`: a frozen copy of the weights (full fine-tune), in each "
