@@ -1,16 +1,19 @@
-"""Is the trl_cpu backend as fast as plain PyTorch? Its tokens/s against a minimal hand-written loop.
+"""Is the trl_cpu backend, with the plan's settings, as fast as plain PyTorch? Its tokens/s against an eager loop.
 
-    .venv/bin/python bench/bench_trl_throughput.py [--rounds N]   # ~5 min per round on 2 quiet cores
+    .venv/bin/python bench/bench_trl_throughput.py [--rounds N]   # ~4 min per round on 2 quiet cores
 
 The 27.4M Llama of FIELD-NOTES' CPU throughput reference (bench_plan.build_27m), random-init, with the demo
 tokenizer; rows of exactly 512 random tokens (no padding: both sides process the same tokens), the last
-three quarters of each row supervised. Both sides do the same steps: micro-batch 4, no accumulation, the
-same precision, fp32 weights, torch AdamW (lr 1e-4, no weight decay), gradient clipping at 1.0 and a
-cosine schedule. The backend runs through `TrlCpu().run` (its real SFTConfig/SFTTrainer); the loop is
-forward with labels, backward, clip, step, schedule, zero_grad. Each measurement is its own process, the
-two sides alternate, and rates are taken between the ends of step WARMUP and the last step, so that
-loading and the first steps' one-off costs count for neither. Two rates: tokens per wall second, and
-tokens per CPU second of the process (all its threads), which other jobs on a shared machine disturb less.
+three quarters of each row supervised. The loop is the hand-written eager reference: micro-batch 4, no
+accumulation, the row's precision, fp32 weights, torch AdamW (lr 1e-4, no weight decay), gradient clipping at
+1.0, a cosine schedule; forward with labels, backward, clip, step, schedule, zero_grad. The backend runs
+through `TrlCpu().run` (its real SFTConfig/SFTTrainer) with the settings `make_plan` chooses for a run of
+PLANNED_STEPS steps of these rows (precision, micro-batch, checkpointing, torch.compile), trained for STEPS of
+them. Each measurement is its own process, the two sides alternate, and rates are taken between the ends of
+step WARMUP and the last step, so that loading, compiling and the first steps' one-off costs count for neither;
+the first step's seconds (compile included) are given apart. Rates are tokens per wall second.
+The backend runs under the allocator the train job gets (`xtrain.allocator`: TCMalloc, else jemalloc, preloaded
+where the machine has it); the loop is measured under glibc and under that allocator too.
 The backend saves a resumable trainer checkpoint every quarter of its run (model, optimizer and scheduler
 state), which the loop does not: in these 8 steps that is after steps 2, 4 and 6, inside the window. Each
 save is timed (from the step's end to the trainer's on_save), and the rates are also given without them,
@@ -34,14 +37,12 @@ from bench_plan import ROOT, build_27m
 
 sys.path.insert(0, str(ROOT / "src"))
 BATCH, SEQ, STEPS, WARMUP = 4, 512, 8, 2
-CONFIGS = [("full", "fp32"), ("lora", "bf16")]  # FIELD-NOTES: 624 and 1265 tokens/s on this machine
+PLANNED_STEPS = 1000  # the run the plan's settings are chosen for (its compile decision weighs warm-up against it)
+CONFIGS = [("full", "fp32"), ("lora", "bf16")]  # the loop's rows; FIELD-NOTES: 624 and 1265 tokens/s on this machine
 
 
-def build_inputs(folder: Path) -> Path:
-    """The model (with the demo tokenizer, for the collator's pad id) and the prepared rows."""
-    import numpy as np
-    from datasets import Dataset
-
+def model_with_tokenizer(folder: Path) -> Path:
+    """The 27M model in `folder`/27m, with the demo tokenizer (for the collator's pad id)."""
     from xtrain.tiny_model import build_tiny_model
 
     model = build_27m(folder / "27m")
@@ -49,6 +50,15 @@ def build_inputs(folder: Path) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
         if (folder / "tiny" / name).is_file():
             shutil.copy(folder / "tiny" / name, model / name)
+    return model
+
+
+def build_inputs(folder: Path) -> Path:
+    """The model and the prepared rows."""
+    import numpy as np
+    from datasets import Dataset
+
+    model = model_with_tokenizer(folder)
     rng = np.random.default_rng(0)
     rows = BATCH * STEPS
     ids = rng.integers(10, 1000, size=(rows, SEQ)).tolist()
@@ -58,53 +68,69 @@ def build_inputs(folder: Path) -> Path:
     return model
 
 
-def rates(ends: list[tuple[float, float]], saves: list[tuple[int, float, float]] = ()) -> dict[str, float]:
-    """Tokens per wall second and per CPU second between the end of step WARMUP and the last step; and the
-    same without the trainer checkpoints saved in that window (`saves`: step, wall and CPU seconds)."""
+def rates(start: float, ends: list[float], saves: list[tuple[int, float]] = ()) -> dict[str, float]:
+    """Tokens per wall second between the end of step WARMUP and the last step; the same without the trainer
+    checkpoints saved in that window (`saves`: step, seconds); and the first step's seconds from `start` (compile
+    included)."""
     tokens = BATCH * SEQ * (STEPS - WARMUP)
-    (wall0, cpu0), (wall1, cpu1) = ends[WARMUP - 1], ends[-1]
     inside = [save for save in saves if WARMUP <= save[0] < STEPS]
-    save_wall, save_cpu = sum(save[1] for save in inside), sum(save[2] for save in inside)
-    return {"wall": tokens / (wall1 - wall0), "cpu": tokens / (cpu1 - cpu0), "saves": len(inside),
-            "wall_steps": tokens / (wall1 - wall0 - save_wall), "cpu_steps": tokens / (cpu1 - cpu0 - save_cpu)}
+    window = ends[-1] - ends[WARMUP - 1]
+    return {"wall": tokens / window, "saves": len(inside), "wall_steps": tokens / (window - sum(s[1] for s in inside)),
+            "first_step": ends[0] - start}
 
 
-def clock() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
+def planned(model: Path, method: str) -> tuple[object, object]:
+    """The plan for PLANNED_STEPS steps of the bench's rows, as the plan stage makes it, with its time cut to STEPS
+    (the backend's save cadence follows it); and the recipe's train section for STEPS steps."""
+    from xtrain.plan import make_plan
+    from xtrain.recipe import Hardware, Train
+
+    rows = BATCH * PLANNED_STEPS
+    split = {"rows": rows, "tokens": rows * SEQ, "supervised_tokens": rows * (SEQ - SEQ // 4), "max_len": SEQ}
+    manifest = {"seq_len": SEQ, "splits": {"train": split, "eval": split}, "fingerprint": "bench"}
+    settings = {"method": method, "global_batch_size": BATCH, "learning_rate": 1e-4, "logging_steps": STEPS,
+                **({"lora": {"dropout": 0.0}} if method == "lora" else {})}
+    plan = make_plan(model, manifest, Train(**settings, max_steps=PLANNED_STEPS), Hardware())
+    return (plan.model_copy(update={"time": plan.time.model_copy(update={"steps": STEPS})}),
+            Train(**settings, max_steps=STEPS))
 
 
-def backend_rates(model: Path, prepared: Path, method: str, precision: str, work: Path) -> dict[str, float]:
+def backend_rates(model: Path, prepared: Path, method: str, work: Path) -> dict[str, float]:
     from transformers import TrainerCallback
 
     import xtrain.backends.trl as backend
     from xtrain.backends import TrainJob
     from xtrain.backends.trl_cpu import TrlCpu
-    from xtrain.recipe import Hardware, Train
+    from xtrain.recipe import Hardware
 
-    ends: list[tuple[float, float]] = []
-    saves: list[tuple[int, float, float]] = []
+    ends: list[float] = []
+    saves: list[tuple[int, float]] = []
+    start = [time.perf_counter()]
 
     class StepClock(TrainerCallback):
-        """The end of each step, and how long each trainer checkpoint save after it took."""
+        """The start of training, the end of each step, and how long each trainer checkpoint save took."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            start[0] = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            ends.append(clock())
+            ends.append(time.perf_counter())
 
         def on_save(self, args, state, control, **kwargs):
-            (wall0, cpu0), (wall1, cpu1) = ends[-1], clock()
-            saves.append((len(ends), wall1 - wall0, cpu1 - cpu0))
+            saves.append((len(ends), time.perf_counter() - ends[-1]))
 
     shared = backend.callbacks
     backend.callbacks = lambda seconds: [*shared(seconds), StepClock()]  # timing only; the backend's own list is kept
-    plan = {"precision": precision, "weights_dtype": "fp32", "gradient_checkpointing": False,
-            "layout": {"strategy": "single", "micro_batch_size": BATCH, "gradient_accumulation_steps": 1},
-            "data": {"seq_len": SEQ}, "time": {"steps": STEPS}}
-    train = Train(method=method, global_batch_size=BATCH, max_steps=STEPS, learning_rate=1e-4, logging_steps=STEPS,
-                  **({"lora": {"dropout": 0.0}} if method == "lora" else {}))
+    plan, train = planned(model, method)
     job = TrainJob(model, prepared, plan, train, Hardware(), work / "out", work / "runs", None)
     job.out.mkdir(parents=True)
     TrlCpu().run(job)
-    return rates(ends, saves)
+    return {**rates(start[0], ends, saves), "settings": settings(plan)}
+
+
+def settings(plan) -> str:
+    return (f"{plan.precision}, micro {plan.layout.micro_batch_size}, checkpointing "
+            f"{'on' if plan.gradient_checkpointing else 'off'}, {'compiled' if plan.compile.mode else 'eager'}")
 
 
 def loop_rates(model_dir: Path, prepared: Path, method: str, precision: str) -> dict[str, float]:
@@ -128,7 +154,7 @@ def loop_rates(model_dir: Path, prepared: Path, method: str, precision: str) -> 
     rows = Dataset.from_parquet(str(prepared / "train.parquet"))
     ids = torch.tensor(rows["input_ids"])
     labels = ids.masked_fill(torch.tensor(rows["assistant_masks"]) == 0, -100)
-    ends = []
+    ends, start = [], time.perf_counter()
     for step in range(STEPS):
         batch = slice(step * BATCH, (step + 1) * BATCH)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -138,15 +164,24 @@ def loop_rates(model_dir: Path, prepared: Path, method: str, precision: str) -> 
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        ends.append(clock())
-    return rates(ends)
+        ends.append(time.perf_counter())
+    return rates(start, ends)
+
+
+SIDES = ("loop", "loop+preload", "backend")  # the eager loop under glibc, and under the train job's allocator
 
 
 def measure(side: str, folder: Path, method: str, precision: str) -> dict[str, float]:
-    """One measurement in a fresh process (same allocator and thread-pool state for both sides)."""
+    """One measurement in a fresh process: the loop under glibc ("loop") or under the allocator a train job gets
+    ("loop+preload"), or the backend under it, as scripts/dispatch.py runs the train job ("backend")."""
+    from xtrain import allocator
+
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if side != "loop" and allocator.available():
+        env["LD_PRELOAD"] = allocator.available()
     result = subprocess.run(
         [sys.executable, __file__, "--measure", side, str(folder), method, precision],
-        capture_output=True, text=True, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        capture_output=True, text=True, check=True, env=env,
     )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -162,7 +197,7 @@ def main() -> None:
         folder = Path(folder)
         if side == "backend":
             with tempfile.TemporaryDirectory() as work:
-                measured = backend_rates(folder / "27m", folder / "prepared", method, precision, Path(work))
+                measured = backend_rates(folder / "27m", folder / "prepared", method, Path(work))
         else:
             measured = loop_rates(folder / "27m", folder / "prepared", method, precision)
         print(json.dumps(measured))
@@ -172,22 +207,27 @@ def main() -> None:
         folder = Path(tmp)
         (folder / "prepared").mkdir()
         build_inputs(folder)
-        print("| method | precision | loop tokens/s | trl_cpu tokens/s | wall ratio | saves in window | trl_cpu "
-              "tokens/s without saves | wall ratio without saves | loop tokens/CPU-s | trl_cpu tokens/CPU-s without "
-              "saves | CPU ratio without saves |")
+        from xtrain import allocator
+
+        preload = allocator.for_train_job()
+        print(f"| method | loop precision | loop tokens/s (glibc) | loop tokens/s ({preload}) | trl_cpu with the plan's "
+              f"settings ({preload}) | trl_cpu tokens/s | saves in window | trl_cpu tokens/s without saves | "
+              "trl_cpu / loop (glibc), without saves | trl_cpu / loop (same allocator), without saves | "
+              "first step s, loop / trl_cpu |")
         print("| --- " * 11 + "|")
-        kinds = ("wall", "cpu", "saves", "wall_steps", "cpu_steps")
+        kinds = ("wall", "saves", "wall_steps", "first_step")
         for method, precision in CONFIGS:
-            runs = {"loop": [], "backend": []}
+            runs = {side: [] for side in SIDES}
             for _ in range(args.rounds):
-                for side in ("loop", "backend"):
+                for side in SIDES:
                     runs[side].append(measure(side, folder, method, precision))
-            loop, backend = ({kind: statistics.median(r[kind] for r in runs[side]) for kind in kinds}
-                          for side in ("loop", "backend"))
-            print(f"| {method} | {precision} | {loop['wall']:.0f} | {backend['wall']:.0f} | "
-                  f"{backend['wall'] / loop['wall']:.1%} | {backend['saves']:.0f} | {backend['wall_steps']:.0f} | "
-                  f"{backend['wall_steps'] / loop['wall']:.1%} | {loop['cpu']:.0f} | {backend['cpu_steps']:.0f} | "
-                  f"{backend['cpu_steps'] / loop['cpu']:.1%} |", flush=True)
+            loop, preloaded, backend = ({kind: statistics.median(r[kind] for r in runs[side]) for kind in kinds}
+                                        for side in SIDES)
+            print(f"| {method} | {precision} | {loop['wall']:.0f} | {preloaded['wall']:.0f} | "
+                  f"{runs['backend'][0]['settings']} | {backend['wall']:.0f} | {backend['saves']:.0f} | "
+                  f"{backend['wall_steps']:.0f} | **{backend['wall_steps'] / loop['wall']:.2f}×** | "
+                  f"{backend['wall_steps'] / preloaded['wall']:.2f}× | {loop['first_step']:.1f} / "
+                  f"{backend['first_step']:.1f} |", flush=True)
     print(f"\n{args.rounds} alternating round(s) per row (median); {time.perf_counter() - started:.0f} s in all")
 
 

@@ -17,11 +17,13 @@ import math
 
 from .schema import Compile
 
-# Step speed-up of inductor's default mode over eager, per (device kind, autocast dtype), measured through trl_cpu on
-# the 27M Llama, batch 4 x 512 (bench/bench_trl_throughput.py). Unmeasured pairs (every GPU) stay eager.
+# Step speed-up of inductor's default mode over eager, per (device kind, autocast dtype), on the 27M Llama, batch
+# 4 x 512: bf16 1.20x through trl_cpu (1,838 against 1,527 tokens/s), fp32 0.92x in a hand-written loop (BENCHMARKS.md,
+# "Compiled training and the settings grid"). Unmeasured pairs (every GPU) stay eager.
 SPEEDUP = {("cpu", "bf16"): 1.20, ("cpu", "fp32"): 0.92}
-# Compile seconds per aten op the step dispatches (the trace's count): 42 s for the 27M LoRA step's 7,051 ops.
-SECONDS_PER_OP = 0.006
+# Compile seconds per aten op the step dispatches (the trace's count), measured as the first step's extra time in
+# bench_trl_throughput.py: 10.6 s for the 27M LoRA step's 7,348 ops, 8-14.5 s for the full step's 5,404.
+SECONDS_PER_OP = 0.002
 LENGTH_BUCKET = 16  # tokens: compiled batches are padded up to a multiple of it (half of it per row on average)
 RECOMPILES = 2  # the first shape's graph, then one with a symbolic length
 

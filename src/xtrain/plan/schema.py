@@ -127,7 +127,7 @@ class Compile(Section):
         None, description="measured step speed-up of compiling on this device and precision (BENCHMARKS.md \"Compiled "
         "training\"); null where unmeasured"
     )
-    warmup_seconds: float = Field(description="compile time, included in `time.seconds`: 6 ms per traced op, per compile")
+    warmup_seconds: float = Field(description="compile time, included in `time.seconds`: 2 ms per traced op, per compile")
     batch_shapes: int = Field(
         description="padded batch lengths the run can see (1 when every row is as long as the longest, else "
         "seq_len / 16); more than one costs a second compile with a symbolic length"
