@@ -322,15 +322,18 @@ def test_the_host_memory_request_allows_for_what_the_train_jobs_allocator_keeps(
     ({"backend_compiles": False}, "train.backend axolotl does not compile"),
     ({"objective": "dpo"}, "compiled preference steps are not measured"),
     ({"device": "cuda"}, "speed-up on cuda in bf16 is not measured"),
+    ({"memory_allocator": "jemalloc"}, "speed-up on cpu in bf16 under jemalloc is not measured"),
     ({"precision": "fp32"}, "measured 0.92x: slower than eager"),
     ({"micro_steps": 10}, "not more than the 28 s compile"),
+    ({"memory_allocator": "tcmalloc", "micro_steps": 200}, "the 1.10x step would save 27 s over 200 micro-steps"),
     ({"mean_len": 20.0}, "would save -"),
     ({"ops": 0}, "its compile time is unknown"),
 ])
 def test_compile_is_ruled_out_with_the_reason(change, reason):
     from xtrain.plan.compile import decide
 
-    settings = {"device": "cpu", "precision": "bf16", "objective": "sft", "backend": "axolotl", "backend_compiles": True,
+    settings = {"device": "cpu", "precision": "bf16", "memory_allocator": "glibc", "objective": "sft", "backend": "axolotl",
+                "backend_compiles": True,
                 "micro_steps": 1000, "micro_seconds": 2.0, "ops": 7051, "shapes": 8, "mean_len": 300.0}
     assert decide(**settings).mode == "default"
     eager = decide(**{**settings, **change})
@@ -344,18 +347,18 @@ def test_compile_pays_only_when_the_steps_repay_the_warmup():
     from xtrain.plan.compile import batch_shapes, decide, padding
 
     assert batch_shapes(512, 512.0) == 1 and batch_shapes(512, 300.0) == 32 and batch_shapes(100, 60.0) == 7
-    fixed = decide("cpu", "bf16", "sft", "trl_cpu", True, 1000, 2.0, 7051, 1, 512.0)
+    fixed = decide("cpu", "bf16", "glibc", "sft", "trl_cpu", True, 1000, 2.0, 7051, 1, 512.0)
     assert fixed.mode == "default" and fixed.pad_to_multiple_of is None
     assert fixed.warmup_seconds == pytest.approx(0.002 * 7051, abs=0.1)
-    varied = decide("cpu", "bf16", "sft", "trl_cpu", True, 1000, 2.0, 7051, 32, 300.0)
+    varied = decide("cpu", "bf16", "glibc", "sft", "trl_cpu", True, 1000, 2.0, 7051, 32, 300.0)
     assert varied.pad_to_multiple_of == 16 and varied.warmup_seconds == pytest.approx(2 * 0.002 * 7051, abs=0.1)
     # Just below and just above the break-even number of micro-steps.
-    per_step = 2.0 * (1 - padding(32, 300.0) / 1.20)
+    per_step = 2.0 * (1 - padding(32, 300.0) / 1.20)  # glibc's measured speed-up
     break_even = varied.warmup_seconds / per_step
-    assert decide("cpu", "bf16", "sft", "trl_cpu", True, int(break_even), 2.0, 7051, 32, 300.0).mode is None
-    assert decide("cpu", "bf16", "sft", "trl_cpu", True, int(break_even) + 2, 2.0, 7051, 32, 300.0).mode == "default"
+    assert decide("cpu", "bf16", "glibc", "sft", "trl_cpu", True, int(break_even), 2.0, 7051, 32, 300.0).mode is None
+    assert decide("cpu", "bf16", "glibc", "sft", "trl_cpu", True, int(break_even) + 2, 2.0, 7051, 32, 300.0).mode == "default"
     # Rows so short that half a bucket of padding costs more than compiling gains.
-    assert "would save -" in decide("cpu", "bf16", "sft", "trl_cpu", True, 1000, 2.0, 7051, 32, 30.0).reason
+    assert "would save -" in decide("cpu", "bf16", "glibc", "sft", "trl_cpu", True, 1000, 2.0, 7051, 32, 30.0).reason
 
 
 def test_a_long_bf16_run_on_the_cpu_is_planned_compiled(model_dir, monkeypatch):
@@ -366,6 +369,7 @@ def test_a_long_bf16_run_on_the_cpu_is_planned_compiled(model_dir, monkeypatch):
 
     monkeypatch.setattr(plan_module, "cpu_supports_bf16", lambda: True)
     monkeypatch.setattr(plan_module, "precisions", lambda hardware, backend: ["bf16"])
+    monkeypatch.setattr(plan_module.allocator, "for_train_job", lambda: "glibc")
     monkeypatch.setattr(compilation, "SECONDS_PER_OP", 1e-5)  # the tiny model's step: make compiling pay
     data = manifest(rows=4000, mean_len=90, seq_len=100)
     compiled = make_plan(model_dir, data, Train(global_batch_size=8), Hardware())

@@ -133,7 +133,9 @@ def test_a_compiled_plan_trains_under_torch_compile(tiny_model, tmp_path, monkey
     from xtrain.plan import compile as compilation
     from xtrain.plan import read_plan
 
-    monkeypatch.setattr(compilation, "SPEEDUP", {("cpu", "fp32"): 3.0, ("cpu", "bf16"): 3.0})  # make it pay
+    monkeypatch.setattr(compilation, "SPEEDUP", {(device, precision, allocator): 3.0  # make it pay
+                                                 for device, precision, allocator in compilation.SPEEDUP})
+    monkeypatch.setattr("xtrain.plan.allocator.for_train_job", lambda: "glibc")
     monkeypatch.setattr(compilation, "SECONDS_PER_OP", 1e-9)
     counters.clear()
     train = Train(method="lora", global_batch_size=4, max_steps=3, learning_rate=5e-3, logging_steps=1)

@@ -219,7 +219,7 @@ def with_compile(planner: Planner, step_seconds: float, layout: dict, speed: dic
     shapes = compilation.batch_shapes(longest, mean_len)
     accumulation = layout["accumulation"]
     decision = compilation.decide(
-        planner.hardware.accelerator, step.precision, train.objective, train.backend,
+        planner.hardware.accelerator, step.precision, allocator.for_train_job(), train.objective, train.backend,
         get_backend(train.backend).capabilities.compiles, steps * accumulation, step_seconds / accumulation,
         speed["ops_per_micro_step"], shapes, mean_len)
     if not decision.mode:

@@ -17,10 +17,12 @@ import math
 
 from .schema import Compile
 
-# Step speed-up of inductor's default mode over eager, per (device kind, autocast dtype), on the 27M Llama, batch
-# 4 x 512: bf16 1.20x through trl_cpu (1,838 against 1,527 tokens/s), fp32 0.92x in a hand-written loop (BENCHMARKS.md,
-# "Compiled training and the settings grid"). Unmeasured pairs (every GPU) stay eager.
-SPEEDUP = {("cpu", "bf16"): 1.20, ("cpu", "fp32"): 0.92}
+# Step speed-up of inductor's default mode over eager through trl_cpu, per (device kind, autocast dtype, the train
+# job's allocator), on the 27M Llama, batch 4 x 512 (BENCHMARKS.md, "Compiled training and the settings grid"):
+# compiling saves allocations, so it gains less where TCMalloc already makes them cheap. fp32: a hand-written loop's.
+# Unmeasured combinations (jemalloc, every GPU) stay eager.
+SPEEDUP = {("cpu", "bf16", "glibc"): 1.20, ("cpu", "bf16", "tcmalloc"): 1.10,
+           ("cpu", "fp32", "glibc"): 0.92, ("cpu", "fp32", "tcmalloc"): 0.99}
 # Compile seconds per aten op the step dispatches (the trace's count), measured as the first step's extra time in
 # bench_trl_throughput.py: 10.6 s for the 27M LoRA step's 7,348 ops, 8-14.5 s for the full step's 5,404.
 SECONDS_PER_OP = 0.002
@@ -38,10 +40,11 @@ def padding(shapes: int, mean_len: float) -> float:
     return 1.0 if shapes == 1 else 1 + LENGTH_BUCKET / 2 / mean_len
 
 
-def decide(device: str, precision: str, objective: str, backend: str, backend_compiles: bool, micro_steps: int,
-           micro_seconds: float, ops: int, shapes: int, mean_len: float) -> Compile:
+def decide(device: str, precision: str, memory_allocator: str, objective: str, backend: str, backend_compiles: bool,
+           micro_steps: int, micro_seconds: float, ops: int, shapes: int, mean_len: float) -> Compile:
     """Compile or not, for `micro_steps` forward+backward passes of `micro_seconds` each (eager) and `ops` ops."""
-    speedup = SPEEDUP.get((device, precision))
+    speedup = SPEEDUP.get((device, precision, memory_allocator if device == "cpu" else None))
+    where = f"{device} in {precision}" + (f" under {memory_allocator}" if device == "cpu" else "")
     warmup = SECONDS_PER_OP * ops * min(shapes, RECOMPILES)
     saved = micro_steps * micro_seconds * (1 - padding(shapes, mean_len) / speedup) if speedup else 0.0
     if not backend_compiles:
@@ -49,9 +52,9 @@ def decide(device: str, precision: str, objective: str, backend: str, backend_co
     elif objective != "sft":
         reason = f"train.objective {objective}: compiled preference steps are not measured"
     elif speedup is None:
-        reason = f"torch.compile's speed-up on {device} in {precision} is not measured"
+        reason = f"torch.compile's speed-up on {where} is not measured"
     elif speedup <= 1:
-        reason = f"a compiled step on {device} in {precision} measured {speedup:.2f}x: slower than eager"
+        reason = f"a compiled step on {where} measured {speedup:.2f}x: slower than eager"
     elif not ops:
         reason = "the step was not traced (analytical estimator): its compile time is unknown"
     elif saved <= warmup:

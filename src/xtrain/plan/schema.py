@@ -124,8 +124,8 @@ class Compile(Section):
 
     mode: Literal["default"] | None = Field(None, description="torch.compile mode the backend trains with; null: eager")
     speedup: float | None = Field(
-        None, description="measured step speed-up of compiling on this device and precision (BENCHMARKS.md \"Compiled "
-        "training\"); null where unmeasured"
+        None, description="measured step speed-up of compiling on this device and precision (on a CPU, under "
+        "`resources.allocator`; BENCHMARKS.md \"Compiled training\"); null where unmeasured"
     )
     warmup_seconds: float = Field(description="compile time, included in `time.seconds`: 2 ms per traced op, per compile")
     batch_shapes: int = Field(
