@@ -65,6 +65,7 @@ class Planner:
     trust_remote_code: bool = False  # model.trust_remote_code: the model folder's own code builds it
     sequences: int = 1  # sequences per training row (2 for a DPO pair, and for KTO's answer and its KL pairing)
     reference: str | None = None  # Plan.reference: None for SFT and ORPO
+    packed: bool = False  # the prepared rows are packed: each micro-batch trains as one padding-free sequence
 
     def breakdown(self, step: Step, strategy: str) -> dict[str, int]:
         """Peak bytes on one device, by kind, with FSDP's sharding applied."""
@@ -117,7 +118,8 @@ class Planner:
             trace = traced(self.model_dir, self.train, step, self.trust_remote_code)
             per_token, ops, source = trace.flops / (step.rows * step.seq_len), trace.ops, "traced"
         else:  # without a trace the op count is unknown: small models will run slower than predicted
-            per_token, ops, source = flops_per_token(self.params, step.seq_len, step.checkpointing), 0, "analytical"
+            attended = step.seq_len * (step.rows if step.packed else 1)  # tokens each token's attention spans
+            per_token, ops, source = flops_per_token(self.params, attended, step.checkpointing), 0, "analytical"
         seconds = tokens * per_token / rates["matmul_flops"] + ops * rates["op_seconds"]
         if self.reference in ("adapter", "copy"):  # the reference forward in each step
             seconds *= 1 + REFERENCE_FORWARD
@@ -138,7 +140,7 @@ def make_plan(
                           f"{train.objective} trains on {DATA_KINDS[train.objective]}: re-run prepare")
     sequences = data.get("sequences_per_row", 1) + (train.objective == "kto")  # KTO adds a KL pairing per answer
     planner = Planner(model_dir, train, hardware, params, trust_remote_code=trust_remote_code, sequences=sequences,
-                      reference=first_reference(train))
+                      reference=first_reference(train), packed=bool(manifest.get("packing")))
     # Batches are padded to their longest row, so the longest row sets the peak.
     longest = min(data.get("max_len") or manifest["seq_len"], manifest["seq_len"])
     mean_len = data["tokens"] / (data["rows"] * data.get("sequences_per_row", 1))
@@ -308,7 +310,7 @@ def first_step(planner: Planner, precision: str, micro: int, seq_len: int, check
     # Full fine-tunes keep fp32 master weights; LoRA holds the frozen base in the GPU's 16-bit dtype.
     weights = precision if planner.train.method == "lora" and hardware.accelerator != "cpu" else "fp32"
     return Step(micro, seq_len, precision, weights, checkpointing, foreach=hardware.accelerator != "cpu",
-                sequences=planner.sequences)
+                sequences=planner.sequences, packed=planner.packed)
 
 
 def choose_layout(planner: Planner, precision: str, per_device: int, seq_len: int) -> dict[str, Any] | None:
@@ -322,11 +324,25 @@ def choose_layout(planner: Planner, precision: str, per_device: int, seq_len: in
             # Memory grows with the micro-batch: when the smallest does not fit, no other will (a trace saved).
             if not planner.fits(first_step(planner, precision, micros[-1], seq_len, checkpointing), strategy):
                 continue
-            for micro in micros:
+            for index, micro in enumerate(micros):
                 step = first_step(planner, precision, micro, seq_len, checkpointing)
                 if planner.fits(step, strategy):
+                    if planner.packed:  # attention spans the whole micro-batch: a smaller one can be faster
+                        micro = fastest_packed_micro(planner, precision, micros[index:], per_device, seq_len, checkpointing)
+                        step = first_step(planner, precision, micro, seq_len, checkpointing)
                     return {"step": step, "strategy": strategy, "accumulation": per_device // micro}
     return None
+
+
+def fastest_packed_micro(planner: Planner, precision: str, micros: list[int], per_device: int, seq_len: int,
+                         checkpointing: bool) -> int:
+    """Of the micro-batches that fit (`micros`, largest first), the one whose optimizer step is predicted fastest:
+    a packed micro-batch trains as one sequence, so its attention grows with the square of its rows."""
+    def step_seconds(micro: int) -> float:
+        step = first_step(planner, precision, micro, seq_len, checkpointing)
+        return planner.seconds_per_micro_step(step, step.rows * seq_len)[0] * (per_device // micro)
+
+    return min(micros, key=step_seconds)
 
 
 def does_not_fit(planner: Planner, precision: str, per_device: int, seq_len: int) -> XtrainError:

@@ -40,6 +40,9 @@ class Step:
     checkpointing: bool
     foreach: bool  # AdamW's multi-tensor path, as torch picks it on GPUs
     sequences: int = 1  # sequences per row: a DPO pair is two (prompt + chosen, prompt + rejected) in one batch
+    # Packed rows train padding-free: a micro-batch is one sequence of rows x seq_len tokens whose attention is masked
+    # block by block, so attention spans the whole flattened length.
+    packed: bool = False
 
     @property
     def rows(self) -> int:
@@ -73,8 +76,11 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
     model = meta_model(Path(model_dir), train, torch_dtype(step.weights_dtype), trust_remote_code)
     # Fake tensors look like tracing to transformers, which then builds a 4-D causal mask a real
     # unpacked batch never materialises; saying "not packed" keeps the real run's mask-free path.
-    no_packing = mock.patch.object(transformers.masking_utils, "find_packed_sequence_indices", lambda *a, **k: None)
-    with FakeTensorMode(allow_non_fake_inputs=True), no_packing:
+    # A packed micro-batch is one row whose position ids restart at each packed row; the real tensor of which row each
+    # token belongs to is handed over, as transformers' own search through the ids cannot run on fake tensors.
+    rows = torch.arange(step.rows).repeat_interleave(step.seq_len)[None] if step.packed else None
+    packing = mock.patch.object(transformers.masking_utils, "find_packed_sequence_indices", lambda *a, **k: rows)
+    with FakeTensorMode(allow_non_fake_inputs=True), packing:
         model = model.to_empty(device="cpu")  # peft cannot wrap a fake model, so it is built on meta first
         transformers_model(model).tie_weights()  # to_empty unties shared storage
         if step.checkpointing:
@@ -82,7 +88,8 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
         if method == "lora" and step.checkpointing:
             model.enable_input_require_grads()  # as the HF Trainer does for adapters under checkpointing
         model.train()
-        ids = torch.zeros((step.rows, step.seq_len), dtype=torch.long)
+        ids = torch.zeros((1, step.rows * step.seq_len) if step.packed else (step.rows, step.seq_len), dtype=torch.long)
+        positions = {"position_ids": torch.arange(step.seq_len).repeat(step.rows)[None]} if step.packed else {}
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=step.foreach)
         autocast = (nullcontext() if step.precision == "fp32"
                     else torch.autocast("cpu", dtype=torch_dtype(step.precision)))
@@ -92,7 +99,7 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
             for _ in range(2):  # the second step, with optimizer states, is the steady-state peak
                 tracker.ops = tracker.flops = 0
                 with autocast:
-                    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                    loss = model(input_ids=ids, labels=ids, use_cache=False, **positions).loss
                 loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -111,16 +118,28 @@ def torch_dtype(name: str):
 
 
 def _tracker_class():
+    import torch
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
-    from torch.utils.flop_counter import flop_registry
+    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+    # The CPU's fused attention, which torch's formulas leave out: (query, key, value, dropout, is_causal) forward,
+    # (grad, query, key, value, out, logsumexp, dropout, is_causal) backward. The causal kernel skips the blocks above
+    # the diagonal (half the work); a masked one (packed rows) computes every block.
+    aten = torch.ops.aten
+    cpu_attention = {
+        aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, _dropout=0.0, causal=False, *_: (
+            sdpa_flop_count(q.shape, k.shape, v.shape) // (2 if causal else 1)),
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: lambda grad, q, k, v, _out, _lse, _dropout=0.0,
+        causal=False, *_: sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape) // (2 if causal else 1),
+    }
 
     class GlobalPeakMemTracker(MemTracker):
         """MemTracker that hooks only trainable parameters, keeps only the global peak, counts ops and FLOPs.
 
         The stock tracker registers a gradient hook on every parameter, which fails on frozen (LoRA base)
         ones, and refreshes every module's peak on every op, which makes a large model's trace 4-20x slower.
-        FLOPs use torch's own per-op formulas; FlopCounterMode itself keeps tensors alive and would
-        inflate the peak it runs beside.
+        FLOPs use torch's own per-op formulas (and theirs for the CPU's fused attention, which they leave out);
+        FlopCounterMode itself keeps tensors alive and would inflate the peak it runs beside.
         """
 
         ops = flops = 0
@@ -153,6 +172,8 @@ def _tracker_class():
             self.ops += 1
             if func._overloadpacket in flop_registry:
                 self.flops += flop_registry[func._overloadpacket](*args, **(kwargs or {}), out_val=out)
+            elif func._overloadpacket in cpu_attention:
+                self.flops += cpu_attention[func._overloadpacket](*args)
             return out
 
     return GlobalPeakMemTracker

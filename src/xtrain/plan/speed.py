@@ -30,7 +30,8 @@ GPU_OP_SECONDS = 8e-6
 
 
 def flops_per_token(params: dict, seq_len: int, checkpointing: bool) -> float:
-    """Analytical training FLOPs per token: matmuls forward and backward, attention, recomputation."""
+    """Analytical training FLOPs per token: matmuls forward and backward, attention over `seq_len` tokens (a packed
+    micro-batch's whole length), recomputation."""
     n, trainable = params["total"], params["trainable"]
     # Forward 2N; backward 2N for input gradients plus 2 per trainable weight for weight gradients.
     dense = 4 * n + 2 * trainable
