@@ -92,15 +92,15 @@ def settings(plan) -> str:
 def smollm2_run(name: str, work: Path) -> str:
     from xtrain.data.pipeline import prepare
     from xtrain.plan import make_plan
-    from xtrain.recipe import load_recipe
+    from xtrain.recipe import Train, load_recipe
 
     method, seq_len, packing, batch = SMOLLM2[name]
     recipe = load_recipe(RECIPE)
     model = ROOT / recipe.model.path
     data = recipe.data.model_copy(update={"seq_len": seq_len, "packing": packing})
     manifest = prepare([ROOT / source.path for source in data.sources], model, data, work / "prepared")
-    train = recipe.train.model_copy(update={"method": method, "global_batch_size": batch, "report_to": [],
-                                            "max_steps": MIN_STEPS})
+    train = Train.model_validate({**recipe.train.model_dump(exclude={"lora"} if method == "full" else set()),
+                                  "method": method, "global_batch_size": batch, "report_to": [], "max_steps": MIN_STEPS})
     per_step = make_plan(model, manifest, train, recipe.hardware).time.seconds_per_step
     train = train.model_copy(update={"max_steps": max(MIN_STEPS, math.ceil(TARGET_SECONDS / per_step))})
     result = train_and_measure(model, work / "prepared", manifest, train, work)

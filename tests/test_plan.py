@@ -382,3 +382,38 @@ def test_a_long_bf16_run_on_the_cpu_is_planned_compiled(model_dir, monkeypatch):
     assert compiled.time.seconds == pytest.approx(
         compiled.time.steps * compiled.time.seconds_per_step + compiled.compile.warmup_seconds, abs=0.2)
     assert compiled.memory.peak_bytes_per_device > eager.memory.peak_bytes_per_device  # rows padded 100 -> 112
+
+
+def test_the_trace_counts_attention_and_a_packed_micro_batch_attends_across_its_rows(model_dir):
+    """Per-token FLOPs grow with the length attention spans (the CPU's fused attention is counted, causal half); a
+    packed micro-batch trains as one sequence of rows x seq_len tokens under a block mask, every block computed."""
+    from xtrain.plan.memory import Step, traced
+
+    def per_token(rows: int, seq_len: int, packed: bool) -> float:
+        return traced(model_dir, Train(), Step(rows, seq_len, "fp32", "fp32", False, False, packed=packed)).flops / (
+            rows * seq_len)
+
+    short, long = per_token(4, 64, False), per_token(4, 128, False)
+    assert long > short
+    attention_per_length = (long - short) / 64  # causal: half of 4·hidden·length per layer, forward and backward
+    packed = per_token(4, 64, True)
+    assert packed > per_token(1, 256, False)  # a block mask computes every block; causal skips half
+    assert packed == pytest.approx(short + attention_per_length * (2 * 256 - 64), rel=0.05)
+
+
+def test_a_packed_run_gets_the_predicted_fastest_micro_batch(model_dir):
+    """At seq_len 1024 the tiny model's attention over a packed micro-batch outweighs its small matmuls: the largest
+    micro-batch that fits is the slowest, and the plan takes the predicted-fastest instead."""
+    from xtrain.plan import Planner, count_parameters, first_step
+
+    data = {**manifest(rows=400, mean_len=1024, seq_len=1024), "packing": True}
+    train = Train(global_batch_size=8)
+    plan = make_plan(model_dir, data, train, Hardware())
+    planner = Planner(model_dir, train, Hardware(), count_parameters(model_dir, train), packed=True)
+
+    def seconds(micro: int) -> float:
+        step = first_step(planner, plan.precision, micro, 1024, False)
+        return planner.seconds_per_micro_step(step, step.rows * 1024)[0] * (8 // micro)
+
+    assert seconds(8) > seconds(1)
+    assert plan.layout.micro_batch_size == min((1, 2, 4, 8), key=seconds)
