@@ -128,7 +128,9 @@ def varied_rows(folder: Path, seq_len: int) -> dict:
     Dataset.from_dict({"input_ids": ids, "assistant_masks": masks}).to_parquet(str(folder / "train.parquet"))
     split = {"rows": ROWS, "tokens": int(lengths.sum()), "supervised_tokens": int(sum(map(sum, masks))),
              "max_len": int(lengths.max())}
-    manifest = {"seq_len": seq_len, "splits": {"train": split, "eval": split}, "fingerprint": f"varied-{seq_len}"}
+    manifest = {"seq_len": seq_len, "splits": {"train": split, "eval": split}, "fingerprint": f"varied-{seq_len}",
+                "sources": {"random rows": {"rows": ROWS, "kept": ROWS, "dropped": {}}},
+                "chat_template": "none (random token rows)", "end_of_turn": None}
     write_json(folder / "manifest.json", manifest)
     return manifest
 

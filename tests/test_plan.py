@@ -172,7 +172,7 @@ def test_a_small_gpu_gets_checkpointing_or_a_smaller_micro_batch(model_dir, meth
 
 
 def test_a_run_that_fits_nowhere_says_no_single_change_fits(model_dir):
-    tiny_host = Hardware(accelerator="cpu", host_memory_gb=1.5)  # all of it the process's own
+    tiny_host = Hardware(accelerator="cpu", host_memory_gb=0.7)  # all of it the process's own
     with pytest.raises(XtrainError) as info:
         make_plan(model_dir, manifest(), Train(method="full"), tiny_host)
     message = str(info.value)
@@ -283,8 +283,8 @@ def test_cpu_processes_share_the_node_memory_and_cores(model_dir):
     assert (two.layout.strategy, two.layout.devices) == ("ddp", 2)
     assert two.layout.micro_batch_size * two.layout.gradient_accumulation_steps == 4
     gib = 2**30
-    assert one.memory.budget_bytes_per_device == int(16 * gib * 0.9) - int(1.5 * gib)
-    assert two.memory.budget_bytes_per_device == int(16 * gib * 0.9) // 2 - int(1.5 * gib)
+    assert one.memory.budget_bytes_per_device == int(16 * gib * 0.9) - 680 * 2**20
+    assert two.memory.budget_bytes_per_device == int(16 * gib * 0.9) // 2 - 680 * 2**20
     assert "(1 threads" in two.time.throughput_source and "(2 threads" in one.time.throughput_source
     assert two.resources.mem_mb > one.resources.mem_mb, "two processes, each with its own overhead"
 
@@ -313,8 +313,8 @@ def test_the_host_memory_request_allows_for_what_the_train_jobs_allocator_keeps(
         made = make_plan(model_dir, manifest(), Train(global_batch_size=8), Hardware(host_memory_gb=16, cpus=2))
         assert made.resources.allocator == name
         requests[name] = made.resources.mem_mb
-        step = made.memory.peak_bytes_per_device + planning.PROCESS_OVERHEAD_BYTES
-        assert made.resources.mem_mb == math.ceil(step * planning.HOST_RETENTION[name] * 1.25 / 2**20)
+        host = planning.CPU_PROCESS_BYTES + made.memory.peak_bytes_per_device * planning.HOST_RETENTION[name]
+        assert made.resources.mem_mb == math.ceil(host * 1.25 / 2**20)
     assert requests["glibc"] > requests["tcmalloc"]
 
 

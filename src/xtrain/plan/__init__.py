@@ -31,13 +31,16 @@ __all__ = ["Plan", "count_parameters", "make_plan", "read_plan", "write_plan"]
 log = logging.getLogger(__name__)
 
 GIB = 2**30
-# Host memory a training process needs besides the model: interpreter, torch, transformers, trl.
-PROCESS_OVERHEAD_BYTES = int(1.5 * GIB)
-# A CPU request is 1.25x (process + traced step peak) x what the train job's allocator keeps of the blocks freed
-# across a run's batch shapes beyond that margin. Measured on the whole showcase run (BENCHMARKS.md, "Host memory of
-# a real run"): under TCMalloc the peak RSS was 1.23x the prediction (the request 1.02x the peak); under glibc
-# 1.75x. jemalloc, measured over 16 steps only, kept no more than TCMalloc.
-HOST_RETENTION = {"tcmalloc": 1.0, "jemalloc": 1.0, "glibc": 1.45}
+# Host memory a CPU training process holds besides the step (interpreter, torch, transformers, trl, the data), and
+# what the train job's allocator keeps of the blocks freed across a run's batch shapes, per byte of the traced step's
+# peak. Fitted on real train-stage runs under TCMalloc (BENCHMARKS.md, "Host memory of the 27M rows"): peak RSS =
+# 680 MiB + 1.12 x the traced peak within -6%..+12% on the 27M rows and the whole showcase. glibc keeps 1.45x what
+# TCMalloc does (the showcase under each); jemalloc, measured over 16 steps only, kept no more than TCMalloc.
+CPU_PROCESS_BYTES = 680 * 2**20
+HOST_RETENTION = {"tcmalloc": 1.12, "jemalloc": 1.12, "glibc": 1.12 * 1.45}
+HOST_REQUEST_MARGIN = 1.25  # the request over that prediction
+# A GPU process's host memory besides the weights it loads: the CUDA/HIP runtime's too (not measured here).
+GPU_PROCESS_BYTES = int(1.5 * GIB)
 HOST_HEADROOM = 0.9  # share of a CPU node's RAM a run may fill; the rest is the OS's
 # What torch.cuda.max_memory_allocated does not see: the CUDA/HIP context and cuBLAS workspaces, and the
 # caching allocator's fragmentation on top of the tensors' peak.
@@ -103,7 +106,7 @@ class Planner:
         if hardware.accelerator == "cpu":
             total = (hardware.host_memory_gb * GIB if hardware.host_memory_gb
                      else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-            return int(total * HOST_HEADROOM) // hardware.processes - PROCESS_OVERHEAD_BYTES
+            return int(total * HOST_HEADROOM) // hardware.processes - CPU_PROCESS_BYTES
         if gpu is None and hardware.gpu_memory_gb:
             return int(hardware.gpu_memory_gb * GIB)
         return int(GPUS[gpu or hardware.gpu].memory_gib * GIB)
@@ -395,16 +398,16 @@ def resources(planner: Planner, peak: int, seconds: float) -> dict[str, Any]:
     """What the train job asks the scheduler for, per node: GPUs, cores, host memory, minutes."""
     hardware, params, memory_allocator = planner.hardware, planner.params, allocator.for_train_job()
     if hardware.accelerator == "cpu":
-        host_bytes = hardware.processes * (PROCESS_OVERHEAD_BYTES + peak) * HOST_RETENTION[memory_allocator]
+        host_bytes = hardware.processes * (CPU_PROCESS_BYTES + peak * HOST_RETENTION[memory_allocator])
         cpus = cpu_count(hardware)
     else:  # each GPU's process holds a host copy of the weights while loading them
-        host_bytes = hardware.gpus * (PROCESS_OVERHEAD_BYTES + params["total"] * 4)
+        host_bytes = hardware.gpus * (GPU_PROCESS_BYTES + params["total"] * 4)
         cpus = hardware.cpus or GPU_HOST_CPUS * hardware.gpus
     return {
         "gpus": hardware.gpus,
         "nodes": hardware.nodes,
         "cpus": cpus,
-        "mem_mb": math.ceil(host_bytes * 1.25 / 2**20),
+        "mem_mb": math.ceil(host_bytes * HOST_REQUEST_MARGIN / 2**20),
         "allocator": memory_allocator,
         # Half again the prediction, plus ten minutes for loading, saving and scheduling.
         "runtime": math.ceil(seconds * 1.5 / 60) + 10,

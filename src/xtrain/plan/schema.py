@@ -72,7 +72,7 @@ class Memory(Section):
         description="what the device must hold for it: on GPUs the peak × 1.1 (caching allocator) + 0.75 GiB context"
     )
     budget_bytes_per_device: int = Field(
-        description="what one device offers (GPU memory; or host RAM × 0.9 / processes − 1.5 GiB)"
+        description="what one device offers (GPU memory; or host RAM × 0.9 / processes − 680 MiB)"
     )
     breakdown_bytes: dict[str, int] = Field(
         description="the peak by kind, at the moment of the peak: `weights` (and buffers), `gradients`, `optimizer` "
@@ -143,9 +143,9 @@ class Resources(Section):
     nodes: int = Field(description="`hardware.nodes`")
     cpus: int = Field(description="`hardware.cpus`, else the planning machine's cores (CPU) or 8 per GPU")
     mem_mb: int = Field(
-        description="host memory per node × 1.25: per CPU process the process (1.5 GiB) plus the peak, × 1.45 more "
-        "when `allocator` is glibc (which keeps what each batch shape frees); per GPU the process plus an fp32 copy "
-        "of the weights while loading"
+        description="host memory per node × 1.25: per CPU process 680 MiB (the process) plus the peak × 1.12 (what "
+        "TCMalloc or jemalloc keeps across batch shapes), × 1.62 instead when `allocator` is glibc; per GPU 1.5 GiB "
+        "plus an fp32 copy of the weights while loading"
     )
     allocator: Literal["tcmalloc", "jemalloc", "glibc"] = Field(
         description="the allocator the train job runs under: TCMalloc, else jemalloc, preloaded when the planning "
