@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ class Planner:
     sequences: int = 1  # sequences per training row (2 for a DPO pair, and for KTO's answer and its KL pairing)
     reference: str | None = None  # Plan.reference: None for SFT and ORPO
     packed: bool = False  # the prepared rows are packed: each micro-batch trains as one padding-free sequence
+    memory_allocator: str = field(default_factory=lambda: allocator.for_train_job())  # what the train job runs under
 
     def breakdown(self, step: Step, strategy: str) -> dict[str, int]:
         """Peak bytes on one device, by kind, with FSDP's sharding applied."""
@@ -224,7 +225,7 @@ def with_compile(planner: Planner, step_seconds: float, layout: dict, speed: dic
     shapes = compilation.batch_shapes(longest, mean_len)
     accumulation = layout["accumulation"]
     decision = compilation.decide(
-        planner.hardware.accelerator, step.precision, allocator.for_train_job(), train.objective, train.backend,
+        planner.hardware.accelerator, step.precision, planner.memory_allocator, train.objective, train.backend,
         get_backend(train.backend).capabilities.compiles, steps * accumulation, step_seconds / accumulation,
         speed["ops_per_micro_step"], shapes, mean_len)
     if not decision.mode:
@@ -396,7 +397,7 @@ def more_gpus(planner: Planner, step: Step, need: int) -> list[str]:
 
 def resources(planner: Planner, peak: int, seconds: float) -> dict[str, Any]:
     """What the train job asks the scheduler for, per node: GPUs, cores, host memory, minutes."""
-    hardware, params, memory_allocator = planner.hardware, planner.params, allocator.for_train_job()
+    hardware, params, memory_allocator = planner.hardware, planner.params, planner.memory_allocator
     if hardware.accelerator == "cpu":
         host_bytes = hardware.processes * (CPU_PROCESS_BYTES + peak * HOST_RETENTION[memory_allocator])
         cpus = cpu_count(hardware)

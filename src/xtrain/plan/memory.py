@@ -78,8 +78,8 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
     # unpacked batch never materialises; saying "not packed" keeps the real run's mask-free path.
     # A packed micro-batch is one row whose position ids restart at each packed row; the real tensor of which row each
     # token belongs to is handed over, as transformers' own search through the ids cannot run on fake tensors.
-    rows = torch.arange(step.rows).repeat_interleave(step.seq_len)[None] if step.packed else None
-    packing = mock.patch.object(transformers.masking_utils, "find_packed_sequence_indices", lambda *a, **k: rows)
+    row_of_token = torch.arange(step.rows).repeat_interleave(step.seq_len)[None] if step.packed else None
+    packing = mock.patch.object(transformers.masking_utils, "find_packed_sequence_indices", lambda *a, **k: row_of_token)
     with FakeTensorMode(allow_non_fake_inputs=True), packing:
         model = model.to_empty(device="cpu")  # peft cannot wrap a fake model, so it is built on meta first
         transformers_model(model).tie_weights()  # to_empty unties shared storage
