@@ -27,9 +27,9 @@ $(STAMP): $(MAIN_LOCK) Makefile pyproject.toml
 DEV_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 snakefmt==2.1.0 uv==0.13.9 wheel==0.48.0
 lock: venv
 	for accelerator in cpu cuda; do \
-	  $(BIN)/python -m xtrain.envs lock envs/xtrain.yaml --accelerator $$accelerator --with $(DEV_TOOLS) || exit 1; \
+	  $(BIN)/python -m xtrain.project.envs lock envs/xtrain.yaml --accelerator $$accelerator --with $(DEV_TOOLS) || exit 1; \
 	  for spec in envs/*.yaml; do \
-	    test $$spec = envs/xtrain.yaml || $(BIN)/python -m xtrain.envs lock $$spec --accelerator $$accelerator || exit 1; \
+	    test $$spec = envs/xtrain.yaml || $(BIN)/python -m xtrain.project.envs lock $$spec --accelerator $$accelerator || exit 1; \
 	  done; \
 	done
 
@@ -54,11 +54,11 @@ lint: venv
 	$(BIN)/snakefmt --check .
 
 docs: venv
-	$(BIN)/python -m xtrain.docs
+	$(BIN)/python -m xtrain.project.docs
 
 # One DVC stage per recipe; rerun after adding or removing a recipe (a test checks it is current).
 dvc.yaml: venv
-	$(BIN)/python -m xtrain.dvc_stages
+	$(BIN)/python -m xtrain.project.dvc_stages
 
 # The wheels bench/gpu_check.sh installs on the GPU machine, whose image (Python 3.12, torch 2.11, transformers 5.17,
 # peft, accelerate, pyarrow, pandas ...; no network) lacks the rest of xtrain's trl_local path: TRL, datasets and the

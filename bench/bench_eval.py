@@ -4,7 +4,7 @@
 
 The model is the demo's (built offline, as rule build_tiny_model builds it); the 2,000 rows are the demo
 chats rendered with its chat template and masked as prepare masks them (the 400 demo chats, each used
-five times, mixed). Both sides run `xtrain.evaluate.supervised_nll`, the evaluate stage's own code, with
+five times, mixed). Both sides run `xtrain.evaluate.loss.supervised_nll`, the evaluate stage's own code, with
 `eval.batch_size` 1 and then the batch sizes given; both must give the same loss.
 """
 
@@ -37,8 +37,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from xtrain.data.tokenize import encode_chats
-    from xtrain.evaluate import supervised_nll
-    from xtrain.tiny_model import build_tiny_model
+    from xtrain.evaluate.loss import supervised_nll
+    from xtrain.models.tiny import build_tiny_model
 
     settings = yaml.safe_load((ROOT / "config/config.yaml").read_text())["tiny_model"]
     folder = Path(tempfile.mkdtemp(prefix="bench-eval-"))

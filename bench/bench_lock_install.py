@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from xtrain.envs import locked_versions, normalised  # noqa: E402
+from xtrain.project.envs import locked_versions, normalised  # noqa: E402
 
 
 def timed(command: list[str], **kwargs) -> float:

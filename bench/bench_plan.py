@@ -41,7 +41,7 @@ DPO_GRID = [("27m", "dpo", "lora", False, 256, "fp32"), ("27m", "dpo", "lora", T
 
 
 def build_models(folder: Path) -> dict[str, Path]:
-    from xtrain.tiny_model import build_tiny_model
+    from xtrain.models.tiny import build_tiny_model
 
     tiny = folder / "tiny"
     tiny.mkdir()
@@ -188,8 +188,9 @@ def run_steps(model_dir, objective, method, checkpointing, seq_len, precision, s
 
 
 def predict(model_dir: Path, objective: str, method: str, checkpointing: bool, seq_len: int, precision: str) -> dict:
-    from xtrain.plan import Planner, count_parameters
     from xtrain.plan.memory import Step
+    from xtrain.plan.model import count_parameters
+    from xtrain.plan.planner import Planner
     from xtrain.recipe import Hardware, Train
 
     train = Train(method=method, objective=objective)

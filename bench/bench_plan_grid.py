@@ -5,7 +5,7 @@
 For the 27M Llama of bench_plan (random-init), global batch 4 rows of 512 tokens, a run of PLANNED_STEPS steps:
 the plan (`make_plan`, this machine's recorded CPU probe) chooses precision, micro-batch and accumulation,
 gradient checkpointing and torch.compile. Then the whole grid of those settings (every one fits this machine's
-memory) is measured, each setting in its own process under the allocator a train job gets (`xtrain.allocator`):
+memory) is measured, each setting in its own process under the allocator a train job gets (`xtrain.train.allocator`):
 the model loaded (and, compiled, wrapped in torch.compile as the trainer does), WARMUP optimizer steps untimed
 (compiling happens there), then the median of TIMED optimizer steps (forward and backward of each micro-batch,
 its loss scaled by the accumulation, then one AdamW step; the random tokens are their own labels). Printed: a
@@ -74,7 +74,7 @@ def measure(model_dir: Path, method: str, setting: tuple) -> dict:
     code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import bench_plan_grid as g; "
             f"from pathlib import Path; print(json.dumps(g.tokens_per_second(Path({str(model_dir)!r}), "
             f"{method!r}, *{setting!r})))")
-    from xtrain import allocator
+    from xtrain.train import allocator
 
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if allocator.available():  # the allocator a train job runs under (scripts/dispatch.py)

@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_plan_real.py memory [--configs lora-256 ...]  # ~1 min per configuration
 
 Every run is the real train stage (`xtrain.train.run_training`, trl_cpu, length-grouped batches) in a fresh
-process under the allocator the train job gets (`xtrain.allocator`: TCMalloc or jemalloc preloaded where the machine
+process under the allocator the train job gets (`xtrain.train.allocator`: TCMalloc or jemalloc preloaded where the machine
 has them) and with no MALLOC_* variable, trained on a plan made for this machine as the plan stage makes it
 (`make_plan`, the recorded CPU probe). Measured: the trainer's runtime (train_metrics.json `trainer_runtime_seconds`:
 every step and the trainer checkpoints saved during the run, not loading the model) and the process's peak RSS
@@ -61,10 +61,10 @@ MIB = 2**20
 
 def train_and_measure(model: Path, prepared: Path, manifest: dict, train, work: Path) -> dict:
     """Plan `train` on `manifest`, run the train stage in a fresh process; the plan and what was measured."""
-    from xtrain import allocator
     from xtrain.artifacts import read_json
     from xtrain.plan import make_plan, write_plan
     from xtrain.recipe import Hardware
+    from xtrain.train import allocator
 
     plan = make_plan(model, manifest, train, Hardware())
     write_plan(work / "plan.json", plan)
@@ -174,7 +174,7 @@ def main() -> None:
             if one.returncode:
                 raise SystemExit(f"{name} failed:\n{one.stderr[-3000:]}")
             print(one.stdout.strip().splitlines()[-1], flush=True)
-    from xtrain import allocator
+    from xtrain.train import allocator
 
     print(f"\n(bench took {time.time() - started:.0f} s; train jobs under {allocator.for_train_job()})")
 

@@ -64,7 +64,7 @@ def run_loop(rows: Path, model: Path, out: Path) -> None:
     """The baseline: read, build each chat, tokenize it alone with its assistant mask."""
     from transformers import AutoTokenizer
 
-    from xtrain.tiny_model import CHATML_TEMPLATE
+    from xtrain.models.tiny import CHATML_TEMPLATE
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     encoded = []
@@ -83,7 +83,7 @@ def run_trl(rows: Path, model: Path, out: Path) -> None:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from trl import SFTConfig, SFTTrainer
 
-    from xtrain.tiny_model import CHATML_TEMPLATE
+    from xtrain.models.tiny import CHATML_TEMPLATE
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.chat_template = CHATML_TEMPLATE
@@ -163,7 +163,7 @@ def padding_report(model: Path, work: Path) -> dict:
 
 
 def main() -> None:
-    from xtrain.tiny_model import build_tiny_model
+    from xtrain.models.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

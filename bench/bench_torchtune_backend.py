@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT / "src"))
 from xtrain.artifacts import read_json  # noqa: E402
 from xtrain.data import prepare  # noqa: E402
 from xtrain.evaluate import evaluate  # noqa: E402
+from xtrain.models.tiny import build_tiny_model  # noqa: E402
 from xtrain.plan import make_plan, read_plan, write_plan  # noqa: E402
 from xtrain.recipe import Data, DataSource, Eval, Hardware, Lora, Train  # noqa: E402
-from xtrain.tiny_model import build_tiny_model  # noqa: E402
-from xtrain.train import run_training  # noqa: E402
+from xtrain.train.run import run_training  # noqa: E402
 
 
 def main() -> None:

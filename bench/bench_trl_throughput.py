@@ -12,7 +12,7 @@ PLANNED_STEPS steps of these rows (precision, micro-batch, checkpointing, torch.
 them. Each measurement is its own process, the two sides alternate, and rates are taken between the ends of
 step WARMUP and the last step, so that loading, compiling and the first steps' one-off costs count for neither;
 the first step's seconds (compile included) are given apart. Rates are tokens per wall second.
-The backend runs under the allocator the train job gets (`xtrain.allocator`: TCMalloc, else jemalloc, preloaded
+The backend runs under the allocator the train job gets (`xtrain.train.allocator`: TCMalloc, else jemalloc, preloaded
 where the machine has it); the loop is measured under glibc and under that allocator too.
 The backend saves a resumable trainer checkpoint every quarter of its run (model, optimizer and scheduler
 state), which the loop does not: in these 8 steps that is after steps 2, 4 and 6, inside the window. Each
@@ -43,7 +43,7 @@ CONFIGS = [("full", "fp32"), ("lora", "bf16")]  # the loop's rows; FIELD-NOTES: 
 
 def model_with_tokenizer(folder: Path) -> Path:
     """The 27M model in `folder`/27m, with the demo tokenizer (for the collator's pad id)."""
-    from xtrain.tiny_model import build_tiny_model
+    from xtrain.models.tiny import build_tiny_model
 
     model = build_27m(folder / "27m")
     build_tiny_model(ROOT / "data/tiny-llama/corpus.txt", folder / "tiny")
@@ -98,10 +98,10 @@ def planned(model: Path, method: str) -> tuple[object, object]:
 def backend_rates(model: Path, prepared: Path, method: str, work: Path) -> dict[str, float]:
     from transformers import TrainerCallback
 
-    import xtrain.backends.trl as backend
-    from xtrain.backends import TrainJob
-    from xtrain.backends.trl_cpu import TrlCpu
+    import xtrain.train.backends.trl as backend
     from xtrain.recipe import Hardware
+    from xtrain.train.backends.contract import TrainJob
+    from xtrain.train.backends.trl_cpu import TrlCpu
 
     ends: list[float] = []
     saves: list[tuple[int, float]] = []
@@ -174,7 +174,7 @@ SIDES = ("loop", "loop+preload", "backend")  # the eager loop under glibc, and u
 def measure(side: str, folder: Path, method: str, precision: str) -> dict[str, float]:
     """One measurement in a fresh process: the loop under glibc ("loop") or under the allocator a train job gets
     ("loop+preload"), or the backend under it, as scripts/dispatch.py runs the train job ("backend")."""
-    from xtrain import allocator
+    from xtrain.train import allocator
 
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if side != "loop" and allocator.available():
@@ -207,7 +207,7 @@ def main() -> None:
         folder = Path(tmp)
         (folder / "prepared").mkdir()
         build_inputs(folder)
-        from xtrain import allocator
+        from xtrain.train import allocator
 
         preload = allocator.for_train_job()
         print(f"| method | loop precision | loop tokens/s (glibc) | loop tokens/s ({preload}) | trl_cpu with the plan's "

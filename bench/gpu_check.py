@@ -43,7 +43,7 @@ GIB = 2**30
 GPU_SEQ_LEN, CPU_SEQ_LEN = 1024, 128
 LARGE_DATA = "data/real/c4_demo.jsonl"  # plain documents: blocks of exactly seq_len tokens
 METHODS = ("lora", "full")
-# Every backend of xtrain.backends.REGISTRY but trl_local, with why this check does not train it (one NVIDIA GPU
+# Every backend of xtrain.train.backends.REGISTRY but trl_local, with why this check does not train it (one NVIDIA GPU
 # whose image lacks the lane's stack, and no network to fetch it).
 NOT_RUN = {
     "trl_cpu": "the CPU lane; trl_local runs the same trainer on the GPU",
@@ -96,11 +96,11 @@ def memory_cells(predicted: int, measured: int | None) -> dict:
 
 def train_row(name: str, recipe, model_dir: Path, work: Path) -> Row:
     """Prepare, plan and train `recipe` into `work`, check its checkpoint: the run's row."""
-    from xtrain.contract import check_checkpoint
     from xtrain.data import prepare
     from xtrain.errors import XtrainError
     from xtrain.plan import make_plan, write_plan
-    from xtrain.train import run_training
+    from xtrain.train.checkpoint import check_checkpoint
+    from xtrain.train.run import run_training
 
     work.mkdir()
     sources = [ROOT / source.path for source in recipe.data.sources]
@@ -155,7 +155,7 @@ def large_recipe(args, method: str):
 
 def tiny_model(out: Path) -> Path:
     """The embedded demo model, built as rule build_tiny_model builds it."""
-    from xtrain.tiny_model import build_tiny_model
+    from xtrain.models.tiny import build_tiny_model
 
     settings = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["tiny_model"]
     out.mkdir()
@@ -206,7 +206,7 @@ def checked_runs(args, work: Path):
 
 
 def not_run_rows() -> list[Row]:
-    from xtrain.backends import REGISTRY
+    from xtrain.train.backends.registry import REGISTRY
 
     unlisted = set(REGISTRY) - set(NOT_RUN) - {"trl_local"}
     if unlisted:  # a new backend must be run here or say why not
@@ -218,7 +218,7 @@ def environment(args) -> str:
     """The device and the versions that trained, for the record above the table."""
     import torch
 
-    from xtrain.train import package_versions
+    from xtrain.train.run import package_versions
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     versions = {**package_versions(), "pyarrow": importlib.metadata.version("pyarrow")}
@@ -231,7 +231,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cuda: the GPU check; cpu: the same path on this machine's CPU (a dry run)")
-    parser.add_argument("--gpu-model", default="h200", help="hardware.gpu_model: a key of xtrain.gpus.GPUS")
+    parser.add_argument("--gpu-model", default="h200", help="hardware.gpu_model: a key of xtrain.models.gpus.GPUS")
     # The trainer saves a checkpoint every steps // 4 steps (backends/trl.py): 8 steps save 4, as a longer run does.
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
     args = parser.parse_args()

@@ -69,8 +69,9 @@ def prediction_error(predicted: int, measured: int) -> float:
 
 
 def predicted(model_dir: Path, method: str, micro: int, seq_len: int, checkpointing: bool, gpu: str) -> dict:
-    from xtrain.plan import Planner, count_parameters, first_step
     from xtrain.plan.memory import analytical
+    from xtrain.plan.model import count_parameters
+    from xtrain.plan.planner import Planner, first_step
     from xtrain.recipe import Hardware, Train
 
     train = Train(method=method)
@@ -126,7 +127,7 @@ def main() -> int:
     import torch
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu-model", default="h200", help="key of xtrain.gpus.GPUS for the device under test")
+    parser.add_argument("--gpu-model", default="h200", help="key of xtrain.models.gpus.GPUS for the device under test")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA/ROCm device: this check needs the GPU machine", file=sys.stderr)

@@ -29,11 +29,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from xtrain.backends import TrainJob, get_backend  # noqa: E402
-from xtrain.plan import make_plan  # noqa: E402
 from xtrain.data import prepare  # noqa: E402
+from xtrain.models.tiny import build_tiny_model  # noqa: E402
+from xtrain.plan import make_plan  # noqa: E402
 from xtrain.recipe import Data, DataSource, Hardware, Lora, Train  # noqa: E402
-from xtrain.tiny_model import build_tiny_model  # noqa: E402
+from xtrain.train.backends.contract import TrainJob
+from xtrain.train.backends.registry import get_backend  # noqa: E402
 
 # Every accelerator x GPU count x node count the lane claims (MI300X), LoRA and full, packed or not.
 SHAPES = [(gpus, nodes, method, packed) for gpus, nodes in ((1, 1), (8, 1), (8, 2))

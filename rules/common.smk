@@ -7,10 +7,10 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from xtrain.envs import LOCKED, venv_name, venv_parts  # noqa: E402
-from xtrain.hub import model_folder  # noqa: E402
+from xtrain.models.hub import model_folder  # noqa: E402
 from xtrain.plan import read_plan  # noqa: E402
 from xtrain.preflight import preflight  # noqa: E402
+from xtrain.project.envs import LOCKED, venv_name, venv_parts  # noqa: E402
 from xtrain.recipe import RecipeError, stage_params  # noqa: E402
 
 validate(config, "../config/config.schema.yaml")
@@ -114,7 +114,7 @@ def train_container(wildcards):
 def lane_env(wildcards, accelerator):
     """The backend's virtual environment for `accelerator`, when it has its own and conda is not providing it. An
     accelerator xtrain writes no lock for (ROCm) runs in an image or env of its own: the train job says so if its
-    interpreter lacks the backend (xtrain.envs.backend_python)."""
+    interpreter lacks the backend (xtrain.project.envs.backend_python)."""
     if (
         backend_entry(wildcards)["conda"] == MAIN_ENV
         or DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method

@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
-from xtrain.envs import build
+from xtrain.project.envs import build
 from xtrain.stage import run_stage
 
 run_stage(

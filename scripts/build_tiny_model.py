@@ -4,8 +4,8 @@ from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
 from xtrain.artifacts import atomic_dir
+from xtrain.models.tiny import build_tiny_model
 from xtrain.stage import run_stage
-from xtrain.tiny_model import build_tiny_model
 
 
 def build():

@@ -3,12 +3,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
-from xtrain import allocator
+from xtrain.train import allocator
 
 allocator.preload()  # TCMalloc or jemalloc when the machine has one: this script starts again under it
 from xtrain.recipe import Hardware, Train, trusts_remote_code
 from xtrain.stage import recipe_file, run_stage
-from xtrain.train import run_training
+from xtrain.train.run import run_training
 
 recipe = snakemake.params.recipe
 run_stage(

@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
-from xtrain.gate import run_gate
+from xtrain.evaluate.gate import run_gate
 from xtrain.recipe import Gate
 from xtrain.stage import run_stage
 

@@ -13,9 +13,9 @@ from checkpoint_contract import assert_checkpoint_contract
 from conftest import REPO, build_run
 
 from xtrain.artifacts import read_json
-from xtrain.backends import REGISTRY
-from xtrain.envs import build, is_built
+from xtrain.project.envs import build, is_built
 from xtrain.recipe import Train
+from xtrain.train.backends.registry import REGISTRY
 
 # A few steps of LoRA on the demo data, one logged loss per step.
 TINY = {"method": "lora", "global_batch_size": 4, "max_steps": 4, "learning_rate": 5e-3, "logging_steps": 1}
@@ -47,7 +47,7 @@ def dpo_run(backend: str, tiny_model, folder) -> tuple[dict, list[dict]]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(REGISTRY[backend], "run", lambda job: results.append(run(job)) or results[-1])
         # fp32 on every backend, whatever this CPU offers (the log-probs are compared to trl_cpu's at 1e-4).
-        patch.setattr("xtrain.plan.cpu_supports_bf16", lambda: False)
+        patch.setattr("xtrain.plan.planner.cpu_supports_bf16", lambda: False)
         paths = build_run(folder, tiny_model, tiny_dpo(backend), source=PAIRS)
     return paths, results[0].log_history
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import HANG_SECONDS
 
-from xtrain.contract import check_checkpoint
+from xtrain.train.checkpoint import check_checkpoint
 
 LOAD_AND_GENERATE = """
 import json, sys
@@ -32,7 +32,7 @@ print(json.dumps({"new_tokens": int(out.shape[1] - prompt["input_ids"].shape[1])
 
 
 def assert_checkpoint_contract(checkpoint: Path, base_model: Path, backend: str) -> dict:
-    """Check `checkpoint` against the contract (xtrain.contract), then load it as a user would; returns its
+    """Check `checkpoint` against the contract (xtrain.train.checkpoint), then load it as a user would; returns its
     train_metrics.json."""
     metrics = check_checkpoint(checkpoint, backend)
     loaded = subprocess.run(

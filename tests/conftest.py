@@ -22,7 +22,7 @@ from xtrain.data import prepare  # noqa: E402
 from xtrain.evaluate import evaluate  # noqa: E402
 from xtrain.plan import Plan, make_plan, write_plan  # noqa: E402
 from xtrain.recipe import DATA_KINDS, Data, DataSource, Eval, Hardware, Train  # noqa: E402
-from xtrain.train import run_training  # noqa: E402
+from xtrain.train.run import run_training  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Caches (the plan's CPU probe, Hugging Face's) go to a fresh folder: tests neither read nor leave state in ~/.cache.
@@ -38,7 +38,7 @@ WORKFLOW_PATHS = ("Snakefile", "rules", "config", "envs", "scripts", "src", "pro
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """The embedded demo model, built as rule build_tiny_model builds it."""
-    from xtrain.tiny_model import build_tiny_model
+    from xtrain.models.tiny import build_tiny_model
 
     settings = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["tiny_model"]
     out = tmp_path_factory.mktemp("tiny-llama")

@@ -7,12 +7,12 @@ import sys
 
 from conftest import REPO
 
-from xtrain import allocator
+from xtrain.train import allocator
 
 CHILD = f"""
 import sys
 sys.path.insert(0, {str(REPO / "src")!r})
-from xtrain import allocator
+from xtrain.train import allocator
 allocator.preload()
 mapped = [line.split()[-1] for line in open("/proc/self/maps") if "malloc" in line.split()[-1]]
 print(allocator.running(), sorted(set(mapped)), sys.argv[1:])

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from xtrain.artifacts import atomic_dir, write_json
-from xtrain.backends.guards import COMPLETE_MARKER, last_complete_checkpoint
+from xtrain.train.backends.guards import COMPLETE_MARKER, last_complete_checkpoint
 
 
 def test_resume_uses_the_newest_complete_trainer_checkpoint_and_drops_cut_short_ones(tmp_path):

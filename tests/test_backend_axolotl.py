@@ -3,29 +3,29 @@ trains as text, and real SFT and DPO runs."""
 
 from __future__ import annotations
 
-
 import pytest
 import yaml
-from backend_runs import (
+from backend_runs import (  # noqa: F401 (fixtures)
     PAIRS,
     ensure_backend_env,
     tiny_dpo,
     train_tiny_dpo_with_backend,
     train_tiny_recipe_with_backend,
+    trl_cpu_dpo_reference,
+    trl_cpu_reference,
 )
 from backend_runs import tiny_train as backend_train
-from backend_runs import trl_cpu_dpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
 from conftest import REPO, sample_plan
 
-from xtrain import backends
-from xtrain.backends import TrainJob
-from xtrain.backends.axolotl import OFFLINE, Axolotl, axolotl_config, export_tokens, precision_keys
-from xtrain.backends.preference_text import export_text
-from xtrain.backends.validation import device_probe, validated
 from xtrain.data import prepare
 from xtrain.errors import XtrainError
 from xtrain.plan import Plan
 from xtrain.recipe import Data, DataSource, Hardware, Lora, Preference, Train
+from xtrain.train.backends import registry as backends
+from xtrain.train.backends.axolotl import OFFLINE, Axolotl, axolotl_config, export_tokens, precision_keys
+from xtrain.train.backends.contract import TrainJob
+from xtrain.train.backends.preference_text import export_text
+from xtrain.train.backends.validation import device_probe, validated
 
 PYTHON = str(REPO / ".venvs" / "axolotl" / "bin" / "python")
 
@@ -81,7 +81,7 @@ SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST
 ], ids=["cpu", "1-gpu", "8-gpus", "2-nodes"])
 def test_the_launch_is_axolotls_cli_alone_on_the_cpu_and_under_torchrun_on_gpus(tmp_path, hardware, env, launcher,
                                                                                  monkeypatch):
-    monkeypatch.setattr("xtrain.backends.axolotl.fsdp_keys", lambda job: {})  # no model folder here
+    monkeypatch.setattr("xtrain.train.backends.axolotl.fsdp_keys", lambda job: {})  # no model folder here
     launch = Axolotl().native(job(tmp_path, tiny_train(), plan(precision="bf16"), hardware=hardware), env)
     python = launch["argv"][launch["argv"].index("-m") - 1]
     srun = ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1"]
@@ -227,7 +227,7 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
         tiny_dpo("axolotl", preference=Preference(beta=0.2, loss_type="hinge")),
         tiny_dpo("axolotl", objective="kto", method="full", lora=None,
                  preference=Preference(desirable_weight=1.5, undesirable_weight=0.5)),
-        # Every tracker: Axolotl's own keys for each (xtrain.tracking.axolotl_settings).
+        # Every tracker: Axolotl's own keys for each (xtrain.train.tracking.axolotl_settings).
         tiny_train(report_to=["tensorboard", "mlflow", "wandb"], mlflow_tracking_uri="file:mlruns"),
     ]
     configs = [axolotl_config(job(tmp_path, train, plan(precision="bf16", gradient_checkpointing=True),

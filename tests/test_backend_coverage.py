@@ -11,10 +11,11 @@ import pytest
 from pydantic import BaseModel
 
 from xtrain.artifacts import read_json
-from xtrain.backends import REGISTRY, TrainJob
-from xtrain.backends.base import refusal
 from xtrain.plan import make_plan
 from xtrain.recipe import Hardware, Lora, Preference, Recipe, Train, stage_params
+from xtrain.train.backends.capabilities import refusal
+from xtrain.train.backends.contract import TrainJob
+from xtrain.train.backends.registry import REGISTRY
 
 CPU, CUDA, ROCM = Hardware(), Hardware(accelerator="cuda", gpus=1), Hardware(accelerator="rocm", gpus=8)
 # A value other than the default for each field a backend maps into its native config or launch.

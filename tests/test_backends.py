@@ -6,13 +6,14 @@ from __future__ import annotations
 import yaml
 from conftest import REPO
 
-from xtrain import docs
-from xtrain.backends import REGISTRY, base
+from xtrain.project import docs
 from xtrain.recipe import BACKENDS, Train
+from xtrain.train.backends import capabilities
+from xtrain.train.backends.registry import REGISTRY
 
 
 def test_registry_recipe_config_and_envs_name_the_same_backends():
-    assert tuple(REGISTRY) == BACKENDS
+    assert tuple(REGISTRY) == tuple(capabilities.CAPABILITIES) == BACKENDS
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     assert set(config["backends"]) == set(BACKENDS)
     for name in BACKENDS:
@@ -25,7 +26,7 @@ def test_registry_recipe_config_and_envs_name_the_same_backends():
 def test_every_backend_declares_its_capabilities_and_field_map():
     for name, backend in REGISTRY.items():
         assert backend.name == name
-        assert isinstance(backend.capabilities, base.Capabilities)
+        assert backend.capabilities is capabilities.CAPABILITIES[name]
         assert backend.capabilities.status in ("trains", "translate-only")
         assert "sft" in backend.capabilities.objectives
 

@@ -210,7 +210,7 @@ def test_bad_data_file_is_refused_naming_file_and_line_with_no_output(tiny_model
 @pytest.mark.slow
 def test_lora_target_matching_no_module_stops_at_the_plan_naming_the_field(tiny_model):
     """The one recipe check that needs the model's module names: the plan makes it, before training."""
-    from xtrain.plan import count_parameters
+    from xtrain.plan.model import count_parameters
     from xtrain.recipe import Lora, Train
 
     with pytest.raises(XtrainError) as info:

@@ -11,8 +11,8 @@ import pytest
 
 from xtrain.data import SPLITS, prepare
 from xtrain.errors import XtrainError
+from xtrain.models.tiny import CHATML_TEMPLATE
 from xtrain.recipe import Data, DataSource, RecipeError, content_hash, parse_recipe
-from xtrain.tiny_model import CHATML_TEMPLATE
 
 ROOT = Path(__file__).parents[1]
 DEMO = ROOT / "data/demo/chat.jsonl"

@@ -12,8 +12,8 @@ from test_data import chat, leftovers, model_with_template, qa, write_jsonl
 
 from xtrain.data import prepare
 from xtrain.errors import XtrainError
+from xtrain.models.tiny import CHATML_TEMPLATE
 from xtrain.recipe import Data, DataSource
-from xtrain.tiny_model import CHATML_TEMPLATE
 
 ALPACA = Path(__file__).parents[1] / "data/real/alpaca_en_demo.json"
 
@@ -198,7 +198,7 @@ def test_packed_data_trains_through_trl_cpu_and_evaluates(tiny_model, tmp_path):
     from xtrain.evaluate import evaluate
     from xtrain.plan import make_plan, write_plan
     from xtrain.recipe import Eval, Hardware, Train
-    from xtrain.train import run_training
+    from xtrain.train.run import run_training
 
     demo = Path(__file__).parents[1] / "data/demo/chat.jsonl"
     prepared = tmp_path / "prepared"

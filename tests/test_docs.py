@@ -1,6 +1,6 @@
 """The generated recipe schema and field reference must match the pydantic models."""
 
-from xtrain import docs
+from xtrain.project import docs
 
 
 def test_recipe_schema_is_up_to_date():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import HANG_SECONDS, REPO, copy_workflow, scheduled_jobs
 
-from xtrain.dvc_stages import render
+from xtrain.project.dvc_stages import render
 
 RECIPE_A = """
 model: {path: models/tiny-llama}

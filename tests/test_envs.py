@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from xtrain.envs import (
+from xtrain.errors import XtrainError
+from xtrain.project.envs import (
     LOCKED,
     backend_python,
     build,
@@ -25,7 +26,6 @@ from xtrain.envs import (
     venv_name,
     venv_parts,
 )
-from xtrain.errors import XtrainError
 
 
 def test_the_main_spec_pins_torch_for_both_materialisations():

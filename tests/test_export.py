@@ -21,7 +21,7 @@ from xtrain.export.gguf_file import adds_bos, gguf_architecture
 from xtrain.export.ollama import modelfile
 from xtrain.plan import make_plan, write_plan
 from xtrain.recipe import Data, DataSource, Eval, Export, Hardware, Lora, Train, parse_recipe
-from xtrain.train import run_training
+from xtrain.train.run import run_training
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from xtrain.errors import XtrainError
-from xtrain.gate import check, describe, run_gate
-from xtrain.generations import pick_prompts, split_row, token_f1
+from xtrain.evaluate.gate import check, describe, run_gate
+from xtrain.evaluate.generations import pick_prompts, split_row, token_f1
 from xtrain.recipe import EVAL_METRICS, Eval, Gate, RecipeError, parse_recipe, stage_params
 
 RECIPE = {"model": {"path": "m"}, "data": {"sources": [{"path": "d.jsonl"}]}}
@@ -101,7 +101,7 @@ def test_gates_may_name_metrics_of_listed_lm_eval_tasks_only():
 
 
 def test_harness_results_become_flat_metrics():
-    from xtrain.harness import flatten, model_args
+    from xtrain.evaluate.harness import flatten, model_args
 
     results = {"capitals": {"alias": "capitals", "acc,none": 0.5, "acc_stderr,none": 0.1, "exact_match,strict": 1}}
     assert flatten(results, "tuned") == {"tuned_lm_capitals_acc": 0.5, "tuned_lm_capitals_exact_match_strict": 1.0}
@@ -109,7 +109,7 @@ def test_harness_results_become_flat_metrics():
 
 
 def test_tuned_model_for_the_harness_is_base_plus_adapter_or_the_full_checkpoint(tmp_path):
-    from xtrain.harness import model_args
+    from xtrain.evaluate.harness import model_args
 
     full = model_args(Path("m"), tmp_path, "tuned")
     assert full["pretrained"] == str(tmp_path) and "peft" not in full
@@ -124,7 +124,7 @@ def test_tuned_model_for_the_harness_is_base_plus_adapter_or_the_full_checkpoint
     (0.5, 1.0, None),  # every answer stopped: no stop banner
 ])
 def test_report_flags_answers_that_do_not_stop_by_how_they_compare_with_the_base(base_stop, tuned_stop, banner):
-    from xtrain.report import verdict_banners
+    from xtrain.report.pages import verdict_banners
 
     metrics = {"base_loss": 2.0, "tuned_loss": 1.5, "loss_improvement": 0.5, "base_perplexity": 7.4,
                "tuned_perplexity": 4.5, "base_stop_rate": base_stop, "tuned_stop_rate": tuned_stop}

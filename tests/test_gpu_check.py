@@ -10,7 +10,7 @@ from conftest import REPO
 sys.path.insert(0, str(REPO / "bench"))
 import gpu_check  # noqa: E402
 
-from xtrain.backends import REGISTRY  # noqa: E402
+from xtrain.train.backends.registry import REGISTRY  # noqa: E402
 
 GIB = 2**30
 

@@ -10,7 +10,7 @@ import yaml
 from conftest import REPO
 
 from xtrain.errors import RecipeError, XtrainError
-from xtrain.hub import cached_revision, model_folder
+from xtrain.models.hub import cached_revision, model_folder
 from xtrain.preflight import preflight
 from xtrain.recipe import Model, parse_recipe
 

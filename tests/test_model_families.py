@@ -18,7 +18,7 @@ from xtrain.data import prepare
 from xtrain.data.templates import trl_template
 from xtrain.plan import make_plan, write_plan
 from xtrain.recipe import Data, DataSource, Hardware, Train
-from xtrain.train import run_training
+from xtrain.train.run import run_training
 
 MISTRAL = (  # mistralai/Mistral-7B-Instruct-v0.1's tokenizer_config.json chat_template
     "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from xtrain.errors import XtrainError
-from xtrain.plan import ALLOCATOR_SLACK, GPU_CONTEXT_BYTES, count_parameters, make_plan
+from xtrain.plan import make_plan
+from xtrain.plan.model import count_parameters
+from xtrain.plan.planner import ALLOCATOR_SLACK, GPU_CONTEXT_BYTES
 from xtrain.recipe import Hardware, Train
 
 ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -210,7 +212,7 @@ def test_gpu_precision_is_bf16_where_supported_else_fp16(model_dir, hardware, me
 
 
 def test_cpu_precision_is_the_faster_predicted_one(model_dir, monkeypatch):
-    import xtrain.plan as plan_module
+    import xtrain.plan.planner as plan_module
 
     monkeypatch.setattr(plan_module, "cpu_supports_bf16", lambda: False)
     assert make_plan(model_dir, manifest(), Train(), Hardware()).precision == "fp32"
@@ -305,7 +307,7 @@ def test_a_plan_is_validated_when_written_and_read(tmp_path):
 def test_the_host_memory_request_allows_for_what_the_train_jobs_allocator_keeps(model_dir, monkeypatch):
     """glibc keeps what each batch shape frees (the showcase's peak: 1.75x the prediction); TCMalloc and jemalloc,
     which the train job runs under when the machine has them, give it back."""
-    from xtrain import plan as planning
+    from xtrain.plan import planner as planning
 
     requests = {}
     for name in ("glibc", "tcmalloc"):
@@ -364,7 +366,7 @@ def test_compile_pays_only_when_the_steps_repay_the_warmup():
 def test_a_long_bf16_run_on_the_cpu_is_planned_compiled(model_dir, monkeypatch):
     """The plan compiles where it pays on a backend that compiles: its time holds the faster steps and the warm-up,
     its memory the batches padded to the bucket; a backend that does not compile is planned eager, saying so."""
-    import xtrain.plan as plan_module
+    import xtrain.plan.planner as plan_module
     from xtrain.plan import compile as compilation
 
     monkeypatch.setattr(plan_module, "cpu_supports_bf16", lambda: True)
@@ -404,7 +406,8 @@ def test_the_trace_counts_attention_and_a_packed_micro_batch_attends_across_its_
 def test_a_packed_run_gets_the_predicted_fastest_micro_batch(model_dir):
     """At seq_len 1024 the tiny model's attention over a packed micro-batch outweighs its small matmuls: the largest
     micro-batch that fits is the slowest, and the plan takes the predicted-fastest instead."""
-    from xtrain.plan import Planner, count_parameters, first_step
+    from xtrain.plan.model import count_parameters
+    from xtrain.plan.planner import Planner, first_step
 
     data = {**manifest(rows=400, mean_len=1024, seq_len=1024), "packing": True}
     train = Train(global_batch_size=8)

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-import xtrain.plan as plan_module
+import xtrain.plan.planner as plan_module
 import xtrain.plan.probe as probe
 from xtrain.errors import XtrainError
-from xtrain.plan import Planner, count_parameters, first_step, make_plan, write_plan
-from xtrain.plan.memory import Step, traced
+from xtrain.plan import make_plan, write_plan
+from xtrain.plan.memory import Step, TrainableMemTracker, traced
+from xtrain.plan.model import count_parameters
+from xtrain.plan.planner import Planner, first_step
 from xtrain.recipe import Hardware, Train
 
 
@@ -124,7 +126,7 @@ def test_trace_on_fake_tensors_matches_the_same_step_on_real_tensors(tiny, metho
     model.train()
     ids = torch.randint(0, model.config.vocab_size, (4, 64))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=False)
-    tracker = plan_module.memory.TrainableMemTracker()
+    tracker = TrainableMemTracker()
     tracker.track_external(model, optimizer)
     with tracker:
         for _ in range(2):

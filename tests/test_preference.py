@@ -15,11 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import REPO
 
-from xtrain.backends import TrainJob, get_backend
 from xtrain.data import prepare
 from xtrain.errors import XtrainError
 from xtrain.plan import make_plan
 from xtrain.recipe import DATA_KINDS, Data, DataSource, Hardware, Train
+from xtrain.train.backends.contract import TrainJob
+from xtrain.train.backends.registry import get_backend
 
 REAL = REPO / "data/real"
 PAIRS = REPO / "data/pref/colours_sums.jsonl"
@@ -183,7 +184,7 @@ def test_evaluation_ranks_held_out_pairs(dpo_run, tiny_model):
 
 
 def test_a_backend_without_the_objective_refuses_it_by_name():
-    from xtrain.backends import check
+    from xtrain.train.backends.registry import check
 
     with pytest.raises(XtrainError, match=r"train.backend axolotl does not train objective 'orpo'.*trl_cpu"):
         check("axolotl", Train(backend="axolotl", objective="orpo"), Hardware())
@@ -262,13 +263,13 @@ def test_a_full_dpo_run_whose_reference_copy_does_not_fit_precomputes_the_refere
     manifest, prepared = run(tiny_model, PAIRS, tmp_path, seq_len=128)
     train = Train(objective="dpo", method="full", lora=None, global_batch_size=4, micro_batch_size=4, max_steps=2,
                   learning_rate=5e-4, logging_steps=1, lr_scheduler="constant")
-    monkeypatch.setattr("xtrain.plan.cpu_supports_bf16", lambda: False)  # fp32 only: memory is cut by checkpointing
+    monkeypatch.setattr("xtrain.plan.planner.cpu_supports_bf16", lambda: False)  # fp32 only: memory is cut by checkpointing
     with_copy = make_plan(tiny_model, manifest, train, Hardware())
     assert (with_copy.reference, with_copy.time.reference_precompute_seconds) == ("copy", None)
     copy_bytes = with_copy.model.total * 4  # fp32 weights on the CPU
 
     def device_of(size: int) -> None:
-        monkeypatch.setattr("xtrain.plan.Planner.budget", lambda self, gpu=None: size)
+        monkeypatch.setattr("xtrain.plan.planner.Planner.budget", lambda self, gpu=None: size)
 
     # Just too small for the plain step: the copy stays, with activation checkpointing (the least a step can take).
     device_of(with_copy.memory.peak_bytes_per_device - 1)

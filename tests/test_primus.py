@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xtrain import backends
 from xtrain.artifacts import read_json
-from xtrain.backends import TrainJob, get_backend
-from xtrain.backends.primus import IMAGE, launch_command, launch_entry, lora_targets
 from xtrain.errors import XtrainError
 from xtrain.plan import make_plan
 from xtrain.recipe import Hardware, Lora, Train
+from xtrain.train.backends import registry as backends
+from xtrain.train.backends.contract import TrainJob
+from xtrain.train.backends.primus import IMAGE, launch_command, launch_entry, lora_targets
+from xtrain.train.backends.registry import get_backend
 
 ROCM = Hardware(accelerator="rocm", gpus=8, gpu_model="mi300x")
 

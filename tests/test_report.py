@@ -18,7 +18,7 @@ import pytest
 from conftest import HANG_SECONDS, REPO, copy_workflow, scheduled_jobs, snakemake
 from debian import ensure_installed
 
-from xtrain import allocator
+from xtrain.train import allocator
 
 pytestmark = pytest.mark.slow
 
@@ -233,7 +233,7 @@ def test_failing_gate_fails_the_job_and_keeps_the_report(demo):
 def test_plots_are_the_same_bytes_for_the_same_input():
     import matplotlib.pyplot as plt
 
-    from xtrain import report
+    from xtrain.report import pages as report
 
     def plot() -> bytes:
         fig, ax = plt.subplots()

@@ -22,7 +22,7 @@ from conftest import REPO, copy_workflow, snakemake
 from safetensors.torch import load_file
 
 from xtrain.artifacts import read_json
-from xtrain.backends.guards import COMPLETE_MARKER
+from xtrain.train.backends.guards import COMPLETE_MARKER
 
 pytestmark = pytest.mark.slow
 

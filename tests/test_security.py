@@ -17,7 +17,7 @@ from xtrain.data import prepare
 from xtrain.evaluate import evaluate
 from xtrain.plan import make_plan, write_plan
 from xtrain.recipe import Data, DataSource, Eval, Hardware, Train, load_recipe, stage_params, trusts_remote_code
-from xtrain.train import run_training
+from xtrain.train.run import run_training
 
 # A model folder that ships its own code: importing it leaves a mark, so the test sees whether it ran.
 CUSTOM_CODE = '''

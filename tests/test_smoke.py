@@ -156,7 +156,7 @@ def test_a_plan_that_does_not_fit_the_gpu_fails_at_plan_with_the_fixes(tmp_path,
 def test_a_launch_the_lanes_validator_refuses_fails_at_launch_with_its_message(tmp_path, tiny_model, monkeypatch):
     """An H100 node whose probe reports no bf16 (what transformers would see on it): the plan's bf16 settings are
     refused by TRL's config class, as the first rank of the real job would refuse them."""
-    import xtrain.backends.validation as validation
+    import xtrain.train.backends.validation as validation
 
     monkeypatch.setattr(validation, "probed_capabilities", lambda gpu: {"bf16": False, "tf32": True})
     error, _ = smoke_failure(tmp_path, tiny_model, RECIPE)

@@ -15,14 +15,15 @@ from backend_runs import ensure_backend_env, tiny_dpo, train_tiny_dpo_with_backe
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import REPO, build_run, sample_plan
 
-from xtrain import backends
 from xtrain.artifacts import read_json
-from xtrain.backends import TrainJob, get_backend
-from xtrain.backends import torchtune as torchtune_backend
 from xtrain.errors import XtrainError
-from xtrain.launch import run_command
 from xtrain.plan import read_plan
 from xtrain.recipe import Hardware, Lora, Preference, Train
+from xtrain.stage import run_command
+from xtrain.train.backends import registry as backends
+from xtrain.train.backends import torchtune as torchtune_backend
+from xtrain.train.backends.contract import TrainJob
+from xtrain.train.backends.registry import get_backend
 from xtrain_backend_side import BACKEND_SIDE_PATH
 from xtrain_backend_side import torchtune_components as tt
 
@@ -52,7 +53,7 @@ def fp32_plans(monkeypatch_module):
     """Both backends train in fp32 here, whatever this CPU offers: the plan would pick bf16 on a CPU with
     native bf16, which trl_cpu runs as autocast and torchtune as bf16 weights, and the logits comparison
     below is exact only in fp32 (the backend's own check allows for bf16 rounding)."""
-    monkeypatch_module.setattr("xtrain.plan.cpu_supports_bf16", lambda: False)
+    monkeypatch_module.setattr("xtrain.plan.planner.cpu_supports_bf16", lambda: False)
 
 
 @pytest.fixture(scope="module")

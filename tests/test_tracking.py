@@ -11,11 +11,13 @@ import pytest
 from conftest import sample_plan
 from pydantic import ValidationError
 
-from xtrain import backends, tracking
-from xtrain.backends import REGISTRY, TrainJob
-from xtrain.backends.base import refusal
 from xtrain.errors import XtrainError
 from xtrain.recipe import Hardware, Train
+from xtrain.train import tracking
+from xtrain.train.backends import registry as backends
+from xtrain.train.backends.capabilities import refusal
+from xtrain.train.backends.contract import TrainJob
+from xtrain.train.backends.registry import REGISTRY
 
 EVERY_TRACKER = {"report_to": ["tensorboard", "mlflow", "wandb"], "mlflow_tracking_uri": "file:mlruns"}
 ROCM = Hardware(accelerator="rocm", gpus=8)

@@ -11,10 +11,10 @@ import torch
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import build_run
 
-from xtrain.backends import TrainResult
-from xtrain.evaluate import load_tuned
+from xtrain.models.loading import load_tuned
 from xtrain.recipe import Train
-from xtrain.train import train_metrics
+from xtrain.train.backends.contract import TrainResult
+from xtrain.train.run import train_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -135,7 +135,7 @@ def test_a_compiled_plan_trains_under_torch_compile(tiny_model, tmp_path, monkey
 
     monkeypatch.setattr(compilation, "SPEEDUP", {(device, precision, allocator): 3.0  # make it pay
                                                  for device, precision, allocator in compilation.SPEEDUP})
-    monkeypatch.setattr("xtrain.plan.allocator.for_train_job", lambda: "glibc")
+    monkeypatch.setattr("xtrain.plan.planner.allocator.for_train_job", lambda: "glibc")
     monkeypatch.setattr(compilation, "SECONDS_PER_OP", 1e-9)
     counters.clear()
     train = Train(method="lora", global_batch_size=4, max_steps=3, learning_rate=5e-3, logging_steps=1)

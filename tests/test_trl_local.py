@@ -10,14 +10,14 @@ import pytest
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import build_run, sample_plan
 
-from xtrain import backends
-from xtrain.backends import TrainJob
-from xtrain.backends.distributed import first_host, found_device, torchrun_command
-from xtrain.backends.trl import cpu_placement
-from xtrain.backends.trl_local import TrlLocal
 from xtrain.errors import XtrainError
 from xtrain.plan import read_plan
 from xtrain.recipe import Hardware, RecipeError, Train, parse_recipe
+from xtrain.train.backends import registry as backends
+from xtrain.train.backends.contract import TrainJob
+from xtrain.train.backends.distributed import first_host, found_device, torchrun_command
+from xtrain.train.backends.trl import cpu_placement
+from xtrain.train.backends.trl_local import TrlLocal
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
 
@@ -26,7 +26,7 @@ def test_one_node_launches_a_standalone_torchrun_with_one_worker_per_process():
     command = torchrun_command("/env/bin/python", Hardware(processes=2), TrlLocal.worker(Path("/runs/job.json")), {})
     assert command == [
         "/env/bin/python", "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
-        "-m", "xtrain.backends.trl_local", "/runs/job.json",
+        "-m", "xtrain.train.backends.trl_local", "/runs/job.json",
     ]
 
 
@@ -38,7 +38,7 @@ def test_several_nodes_launch_one_torchrun_per_node_under_srun_with_the_slurm_re
         "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1",
         "/env/bin/python", "-m", "torch.distributed.run", "--nproc-per-node=4",
         "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=gpu07:29611", "--rdzv-id=4242",
-        "-m", "xtrain.backends.trl_local", "/runs/job.json",
+        "-m", "xtrain.train.backends.trl_local", "/runs/job.json",
     ]
 
 
@@ -129,7 +129,7 @@ def test_one_process_on_the_cpu_meets_the_contract_and_starts_at_trl_cpus_loss(o
 
 @pytest.mark.slow
 def test_two_processes_give_the_one_process_loss_curve(one_process_run, tiny_model, tmp_path, caplog):
-    caplog.set_level("INFO", logger="xtrain.launch")
+    caplog.set_level("INFO", logger="xtrain.stage")
     two = build_run(tmp_path, tiny_model, recipe_train("trl_local"), Hardware(processes=2))
     plan = read_plan(two["plan"]).layout
     assert (plan.strategy, plan.devices, plan.micro_batch_size, plan.gradient_accumulation_steps) == (

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SNAKEMAKE, copy_workflow, scheduled_jobs, snakemake
 
-from xtrain import allocator
+from xtrain.train import allocator
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .artifacts import read_json
 from .errors import XtrainError
-from .evaluate import load_tuned
+from .models.loading import load_tuned
 
 COMMANDS = "/reset starts over, /exit quits"
 

@@ -11,13 +11,13 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import backends
 from .data.pipeline import check_first_rows
 from .errors import XtrainError
-from .hub import model_folder
+from .models.hub import model_folder
 from .paths import check_recipe_paths
-from .plan import check_micro_batch
+from .plan.planner import check_micro_batch
 from .recipe import DATA_KINDS, Recipe, RecipeError, load_recipe
+from .train.backends import registry
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def preflight(path: str | Path, project: Path, allowed: Iterable[str] = (), buil
             if source.path is not None and (project / source.path).exists():
                 check_first_rows(source, project / source.path, DATA_KINDS[recipe.train.objective])
         check_micro_batch(recipe.train, recipe.hardware)
-        backends.check(recipe.train.backend, recipe.train, recipe.hardware, packed=recipe.data.packing)
+        registry.check(recipe.train.backend, recipe.train, recipe.hardware, packed=recipe.data.packing)
     except XtrainError as exc:  # these name the field; the recipe file is added here
         raise RecipeError(f"{path}: {exc}") from None
     if recipe.model.trust_remote_code:

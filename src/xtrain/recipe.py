@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import RecipeError
-from .gpus import DEFAULT_GPU, GPUS
+from .models.gpus import DEFAULT_GPU, GPUS
 
 # Every training backend, in the order docs list them: the one list; the registry (backends/), config/config.yaml
 # and envs/ are checked against it (tests/test_backends.py).

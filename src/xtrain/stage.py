@@ -1,16 +1,22 @@
-"""What every Snakemake script shares: logging into the rule's log file and clear failures."""
+"""What every stage shares: logging into the rule's log file, clear failures, and native commands (a backend's
+trainer, pip) launched from an argument list, never a shell string, their output streamed line by line into that
+log and a failure naming the command and showing its last lines."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import shlex
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .errors import XtrainError
+
+log = logging.getLogger(__name__)
 
 # Python raises OSError(ENOSPC); safetensors re-raises a full disk as its own error, with the OS text.
 DISK_FULL_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded")
@@ -89,3 +95,24 @@ def fail(message: str, recipe: str | None) -> None:
         message = f"{recipe}: {message}"
     logging.getLogger("xtrain").error("%s", message)
     sys.exit(1)
+
+
+def run_command(command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> list[str]:
+    """Run `command` to completion and return its output lines; `env` adds to (does not replace) this process's
+    environment."""
+    log.info("launching: %s", shlex.join(command))
+    lines: list[str] = []
+    with subprocess.Popen(
+        command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, text=True, bufsize=1,
+    ) as process:
+        for line in process.stdout:
+            line = line.rstrip()
+            lines.append(line)
+            log.info("| %s", line)
+    if process.returncode:
+        raise XtrainError(
+            f"{shlex.join(command[:4])} ... exited with status {process.returncode}; its last lines:\n"
+            + "\n".join(lines[-40:])
+        )
+    return lines

@@ -1,6 +1,6 @@
 """The `unsloth` backend's trainer, run by the backend's own interpreter (.venvs/unsloth or its conda env).
 
-`python -m xtrain_backend_side.unsloth_runner job.json`: the job (written by `xtrain.backends.unsloth`) holds the model folder,
+`python -m xtrain_backend_side.unsloth_runner job.json`: the job (written by `xtrain.train.backends.unsloth`) holds the model folder,
 the prepared train split, the LoRA settings, the objective and the TRL config arguments every TRL-based backend
 shares; this script loads the model with Unsloth's `FastLanguageModel`, trains with TRL's `SFTTrainer` (or, for a
 preference objective, the trainer every TRL backend uses, `trainer_parts.preference_trainer`) on the prepared

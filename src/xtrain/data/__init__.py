@@ -1,4 +1,4 @@
-"""The prepare stage, one module per concern:
+"""The prepare stage (rule `prepare`), one module per concern:
 
 `sources` reads files, folders and hub ids into rows; `formats` turns rows into one chat form and
 decides what can be trained on; `dedupe` finds exact and near duplicates; `tokenize` checks the chat

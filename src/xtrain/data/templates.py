@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import XtrainError
+from ..models.tiny import CHATML_TEMPLATE
 from ..recipe import CHAT_TEMPLATE_FAMILIES as FAMILIES
 from ..recipe import CHAT_TEMPLATES as TEMPLATE_NAMES
-from ..tiny_model import CHATML_TEMPLATE
 
 log = logging.getLogger(__name__)
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")

@@ -11,7 +11,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from ..evaluate import load_tuned
+from ..models.loading import load_tuned
 
 log = logging.getLogger(__name__)
 

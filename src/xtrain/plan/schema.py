@@ -3,7 +3,7 @@
 `make_plan` returns a `Plan`; `write_plan` and `read_plan` validate it on the way to and from disk, so a plan
 written by another version of xtrain, or edited by hand into something inconsistent, is an error naming the
 file and the field rather than a KeyError inside a backend. docs/plan.md's field table is generated from the
-descriptions here (`python -m xtrain.docs`).
+descriptions here (`python -m xtrain.project.docs`).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class Resources(Section):
     )
     allocator: Literal["tcmalloc", "jemalloc", "glibc"] = Field(
         description="the allocator the train job runs under: TCMalloc, else jemalloc, preloaded when the planning "
-        "machine has it (`xtrain.allocator`), else glibc's"
+        "machine has it (`xtrain.train.allocator`), else glibc's"
     )
     runtime: int = Field(description="minutes: 1.5 × the predicted time + 10 for loading, saving and scheduling")
 

@@ -4,7 +4,7 @@ A step costs its matmul FLOPs (counted by the trace, or 6·N per token for a ful
 4·N + 2·trainable for LoRA, plus attention and checkpointing's recomputed forward) at a share of the
 device's peak, plus a fixed cost per dispatched op, which is what dominates small models on a CPU.
 
-GPU peaks come from `xtrain.gpus`. A CPU's come from the machine's recorded probe (`probe`): measured once,
+GPU peaks come from `xtrain.models.gpus`. A CPU's come from the machine's recorded probe (`probe`): measured once,
 then read, so a plan rerun on the same machine reads the same numbers and stays byte-identical, whatever
 the load; the figures a plan used are in plan.json (`time.cpu_probe`).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..gpus import GPUS
+from ..models.gpus import GPUS
 from ..recipe import Hardware
 from .probe import cached_cpu_probe
 

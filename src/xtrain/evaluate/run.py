@@ -1,0 +1,97 @@
+"""The evaluate stage: base model vs tuned one on the held-out split -> eval.json and generations.json.
+
+Both are scored on the prepared eval split with the same template and masking as training:
+the loss is the mean negative log-likelihood over supervised (assistant) tokens, and perplexity
+is its exponential (`loss`). On preference data (train.objective dpo, orpo, kto) the loss is over the chosen (desirable)
+answers, and `preferences` adds how each model ranks the answers. Both also answer a fixed set of eval prompts greedily (`generations`), scored
+against the reference answers. eval.json holds flat metric names -> numbers (`recipe.EVAL_METRICS`),
+for `dvc metrics`; the answers themselves go to generations.json. lm-evaluation-harness tasks listed in
+the recipe add their results (`harness`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from xtrain_backend_side.progress import Progress
+
+from ..artifacts import read_json, write_json
+from ..models.loading import load_tuned
+from ..recipe import Eval
+from . import generations
+from .loss import load_eval_split, row_nll, supervised_nll
+from .preferences import load_preference_split
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(
+    model_dir: Path,
+    checkpoint_dir: Path,
+    prepared_dir: Path,
+    settings: Eval,
+    out: Path,
+    generations_out: Path | None = None,
+    trust_remote_code: bool = False,
+    pairs_out: Path | None = None,
+) -> dict[str, Any]:
+    """Write eval.json to `out`, the generations and the preference pairs' scores beside it (or to `generations_out`
+    and `pairs_out`); returns the metrics."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir, trust_remote_code=trust_remote_code)
+    kind = read_json(prepared_dir / "manifest.json").get("data_kind", "chats")
+    pairs = load_preference_split(prepared_dir, kind) if kind != "chats" else None
+    input_ids, masks, row_hashes = pairs.scored if pairs else load_eval_split(prepared_dir)
+    prompts = []
+    if settings.generations:
+        special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+        prompts = generations.pick_prompts(input_ids, masks, row_hashes, settings.generations, special)
+    stop = generations.stop_ids(tokenizer, prompts)
+    metrics: dict[str, Any] = {"eval_rows": len(input_ids)}
+    candidates = {
+        "base": lambda: AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, trust_remote_code=trust_remote_code
+        ),
+        "tuned": lambda: load_tuned(model_dir, checkpoint_dir, trust_remote_code),
+    }
+    answers, answer_scores = {}, {}
+    scored = len(pairs.sequences[0]) if pairs else len(input_ids)
+    progress = Progress(log.info, "evaluate: rows scored and answers generated", len(candidates) * (scored + len(prompts)))
+    for name, load in candidates.items():
+        model = load()
+        if pairs:  # every answer scored once; the loss is over the chosen (desirable) ones among them
+            answer_scores[name] = row_nll(model, *pairs.sequences, settings.batch_size, tokenizer.pad_token_id,
+                                          progress.advance)
+            chosen = [answer_scores[name][i] for i in pairs.scored_sequences]
+            total, count = sum(nll for nll, _ in chosen), sum(n for _, n in chosen)
+        else:
+            total, count = supervised_nll(model, input_ids, masks, settings.batch_size, tokenizer.pad_token_id,
+                                          progress.advance)
+        loss = total / count
+        metrics[f"{name}_loss"] = loss
+        metrics[f"{name}_perplexity"] = math.exp(loss)
+        if prompts:
+            answers[name] = generations.generate(model, prompts, stop, tokenizer.pad_token_id, settings.batch_size,
+                                                 settings.max_new_tokens, progress.advance)
+    metrics["eval_supervised_tokens"] = count  # the same split and masks for both models
+    metrics["loss_improvement"] = metrics["base_loss"] - metrics["tuned_loss"]
+    if pairs:
+        metrics.update(pairs.metrics(answer_scores))
+    if settings.lm_eval is not None:
+        from .harness import run_tasks
+
+        metrics.update(run_tasks(settings.lm_eval, model_dir, checkpoint_dir, settings.batch_size))
+    records = []
+    if prompts:
+        scores, records = generations.score(tokenizer, prompts, answers)
+        metrics.update(scores)
+        generations.warn_if_not_stopping(metrics)
+    write_json(generations_out or out.with_name("generations.json"), records)
+    write_json(pairs_out or out.with_name("pairs.json"), pairs.records(answer_scores, tokenizer) if pairs else [])
+    write_json(out, metrics)
+    return metrics

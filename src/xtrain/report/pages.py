@@ -1,0 +1,362 @@
+"""The pages a person looks at: `reports/<recipe>/report.html` and the cross-recipe `reports/compare.html`.
+
+Each page is one self-contained HTML file (no network: plots are matplotlib SVGs embedded as data URIs,
+styles inline). The per-recipe page answers "did fine-tuning help, and did it break anything?": the
+verdict and gates first, then base-vs-tuned metrics, sample answers side by side, training curves, the
+plan's predictions against what training measured, the data's token lengths and the recipe itself.
+The plots are also written as SVG files so Snakemake's `--report` can collect them.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..artifacts import read_json
+from ..evaluate import gate
+from ..plan.schema import Plan, read_plan
+from ..recipe import EVAL_METRICS, Gate
+
+BASE_COLOUR, TUNED_COLOUR = "#8c8c8c", "#1f77b4"
+STYLE = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ddd;padding:.3em .6em;vertical-align:top}
+th{background:#f4f4f4;text-align:left} .scroll{overflow-x:auto} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.banner{padding:.7em 1em;border-radius:6px;margin:.6em 0;font-weight:600}
+.good{background:#e6f4ea;color:#1e4620} .bad{background:#fdecea;color:#611a15} .warn{background:#fff4e5;color:#663c00}
+pre{white-space:pre-wrap;margin:0;font-size:.85em} img{max-width:100%} .better{color:#1e7b34} .worse{color:#b3261e}
+"""
+
+
+# ---- plots ---------------------------------------------------------------------------------------------
+
+
+def _svg(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    # No date, and element ids from a fixed salt instead of a random one: the same input gives the same bytes.
+    with plt.rc_context({"svg.hashsalt": "xtrain"}):
+        fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _figure(columns: int = 1):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, columns, figsize=(5.2 * columns, 3.2), squeeze=False)
+
+
+def training_plot(train_metrics: dict[str, Any]) -> bytes:
+    """Training loss and learning rate against the optimizer step."""
+    fig, axes = _figure(2)
+    curve = train_metrics["loss"]
+    steps = [point["step"] for point in curve]
+    axes[0][0].plot(steps, [point["loss"] for point in curve], color=TUNED_COLOUR, marker=".", label="train loss")
+    evals = [point for point in curve if point.get("eval_loss") is not None]
+    if evals:
+        axes[0][0].plot([p["step"] for p in evals], [p["eval_loss"] for p in evals], color="#d62728", label="eval loss")
+    axes[0][0].set(title="Loss", xlabel="step", ylabel="loss")
+    axes[0][0].legend()
+    rates = [(p["step"], p["learning_rate"]) for p in curve if p.get("learning_rate") is not None]
+    axes[0][1].plot([s for s, _ in rates], [r for _, r in rates], color="#2ca02c", marker=".")
+    axes[0][1].set(title="Learning rate", xlabel="step", ylabel="learning rate")
+    axes[0][1].ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+    return _svg(fig)
+
+
+def lengths_plot(manifest: dict[str, Any]) -> bytes:
+    """Token-length histogram of each split's examples, as prepare counted them."""
+    fig, axes = _figure()
+    ax = axes[0][0]
+    for name, colour in (("train", TUNED_COLOUR), ("eval", "#ff7f0e")):
+        histogram = manifest["splits"][name]["length_histogram"]
+        edges, counts = histogram["bin_edges"], histogram["counts"]
+        ax.stairs(counts, edges, fill=name == "train", alpha=0.6 if name == "train" else 1, color=colour,
+                  label=f"{name} ({sum(counts)} examples)")
+    ax.set(title=f"Token lengths (seq_len {manifest['seq_len']})", xlabel="tokens per example", ylabel="examples")
+    ax.legend()
+    return _svg(fig)
+
+
+def margins_plot(pairs: list[dict[str, Any]]) -> bytes:
+    """Held-out pairs' implicit reward margins (tuned - base log-prob gain of chosen minus rejected)."""
+    fig, axes = _figure()
+    ax = axes[0][0]
+    margins = [row["reward_margin"] for row in pairs]
+    ax.hist(margins, bins=min(20, max(len(margins), 1)), color=TUNED_COLOUR)
+    ax.axvline(0, color="#555555", linewidth=1)
+    ax.set(title="Reward margin per held-out pair (right of 0: the tuned model prefers the chosen answer)",
+           xlabel="margin (nats)", ylabel="pairs")
+    return _svg(fig)
+
+
+def preference_section(metrics: dict[str, Any], pairs: list[dict[str, Any]]) -> str:
+    """Report section of a preference recipe: how the models rank held-out answers, and a few of them."""
+    if not pairs:
+        return ""
+    rows = [[html.escape(row["prompt"]).replace("\n", "<br>"), html.escape(a["answer"]) + (
+        f" (label {row['label']})" if "label" in row else ""), html.escape(a["text"]).replace("\n", "<br>"),
+             a["base_logp_per_token"], a["tuned_logp_per_token"]]
+            for row in pairs if "prompt" in row for a in row["answers"]]
+    plot = _img(margins_plot(pairs), "reward margins") if "reward_margin" in pairs[0] else ""
+    return f"""
+<h2>Preference</h2>
+<p>Reward accuracy {_number(metrics.get("reward_accuracy"))}{
+        f', mean reward margin {_number(metrics["reward_margin"])} nats' if "reward_margin" in metrics else ""}
+over {metrics["eval_pairs"]} held-out rows (the implicit reward of an answer is the tuned model's log-probability
+minus the base's).</p>
+{plot}
+{_table(["prompt (end, as templated)", "answer", "text", "base log-prob / token", "tuned log-prob / token"], rows)}
+"""
+
+
+def metrics_plot(metrics: dict[str, float]) -> bytes:
+    """Base vs tuned: held-out loss, and the answer rates when generations ran."""
+    rates = [name for name in ("exact_match", "token_f1", "stop_rate") if f"tuned_{name}" in metrics]
+    fig, axes = _figure(2 if rates else 1)
+    groups = [(axes[0][0], ["loss"], "held-out loss (lower is better)")]
+    if rates:
+        groups.append((axes[0][1], rates, "answers (higher is better)"))
+    for ax, names, title in groups:
+        positions = range(len(names))
+        for offset, (model, colour) in ((-0.2, ("base", BASE_COLOUR)), (0.2, ("tuned", TUNED_COLOUR))):
+            ax.bar([p + offset for p in positions], [metrics[f"{model}_{n}"] for n in names], width=0.4,
+                   color=colour, label=model)
+        ax.set_xticks(list(positions), names)
+        ax.set_title(title)
+        ax.margins(y=0.3)  # headroom above the tallest bar, where the legend goes
+        ax.legend(loc="upper right", ncols=2)
+    return _svg(fig)
+
+
+def compare_plot(rows: list[dict[str, Any]]) -> bytes:
+    fig, axes = _figure()
+    ax = axes[0][0]
+    names = [row["recipe"] for row in rows]
+    positions = range(len(names))
+    ax.barh([p + 0.2 for p in positions], [row["base_loss"] for row in rows], height=0.4, color=BASE_COLOUR, label="base")
+    ax.barh([p - 0.2 for p in positions], [row["tuned_loss"] for row in rows], height=0.4, color=TUNED_COLOUR,
+            label="tuned")
+    ax.set_yticks(list(positions), names)
+    ax.invert_yaxis()
+    ax.set(title="Held-out loss by recipe (best first)", xlabel="loss")
+    ax.legend()
+    return _svg(fig)
+
+
+# ---- HTML pieces ---------------------------------------------------------------------------------------
+
+
+def _img(svg: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/svg+xml;base64,{base64.b64encode(svg).decode()}">'
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, int) or abs(value) >= 10_000:  # 13,410 rather than 1.341e+04
+        return f"{value:,.0f}"
+    return f"{value:.4g}" if not value.is_integer() else f"{value:g}"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    cells = "".join(
+        "<tr>" + "".join(f'<td class="num">{_number(c)}</td>' if isinstance(c, int | float) and not isinstance(c, bool)
+                         else f"<td>{c}</td>" for c in row) + "</tr>"
+        for row in rows
+    )
+    # Long metric names may break after an underscore, so wide tables still fit the page.
+    heads = "".join(f"<th>{html.escape(h).replace('_', '_<wbr>')}</th>" for h in header)
+    return f'<div class="scroll"><table><tr>{heads}</tr>{cells}</table></div>'
+
+
+
+def _mib(value: float | None) -> float | None:
+    return None if value is None else round(value / 2**20, 1)
+
+
+def plan_rows(plan: Plan, train_metrics: dict[str, Any]) -> list[list[Any]]:
+    """What the plan predicted next to what the training run measured."""
+    time, memory = plan.time, plan.memory
+    measured_seconds = train_metrics.get("trainer_runtime_seconds") or train_metrics["wall_seconds"]
+    predicted_rate = time.tokens_per_step / time.seconds_per_step if time.seconds_per_step else None
+
+    def ratio(measured, predicted):
+        return f"{measured / predicted:.2f}×" if measured and predicted else "—"
+
+    rss, host_request = train_metrics.get("peak_host_memory_bytes"), plan.resources.mem_mb * 2**20
+    return [
+        ["optimizer steps", time.steps, train_metrics["steps"], ratio(train_metrics["steps"], time.steps)],
+        ["training time (s)", time.seconds, measured_seconds, ratio(measured_seconds, time.seconds)],
+        ["tokens / s", round(predicted_rate, 1) if predicted_rate else None, train_metrics.get("tokens_per_second"),
+         ratio(train_metrics.get("tokens_per_second"), predicted_rate)],
+        [f"peak training-step memory per {html.escape(memory.device)} device (MiB)",
+         _mib(memory.peak_bytes_per_device), "—", "not measured separately"],
+        [f"host memory (MiB): requested vs peak RSS of the training process (allocator: "
+         f"{html.escape(train_metrics.get('allocator', 'not recorded'))})", _mib(host_request), _mib(rss),
+         ratio(rss, host_request)],
+    ]
+
+
+def metrics_rows(metrics: dict[str, float]) -> list[list[Any]]:
+    rows = []
+    for name in ("loss", "perplexity", "exact_match", "token_f1", "stop_rate", "preference_accuracy",
+                 "chosen_logp_per_token", "rejected_logp_per_token"):
+        if metrics.get(f"tuned_{name}") is None or metrics.get(f"base_{name}") is None:
+            continue
+        base, tuned = metrics[f"base_{name}"], metrics[f"tuned_{name}"]
+        lower_is_better = name in ("loss", "perplexity", "rejected_logp_per_token")
+        better = tuned < base if lower_is_better else tuned > base
+        change = "same" if tuned == base else (
+            f'<span class="{"better" if better else "worse"}">{"better" if better else "worse"} '
+            f"({tuned - base:+.4g})</span>")
+        rows.append([html.escape(name), base, tuned, change])
+    for key in sorted(k for k in metrics if k.startswith("base_lm_")):
+        name = key.removeprefix("base_")
+        tuned = metrics.get(f"tuned_{name}")
+        change = "—" if tuned is None else f"{tuned - metrics[key]:+.4g}"  # the harness knows which way is better
+        rows.append([html.escape(name), metrics[key], tuned, change])
+    return rows
+
+
+def _answer(result: dict[str, Any]) -> str:
+    stop = "stopped" if result["stopped"] else "<b>did not stop</b>"
+    # Special tokens are left out of the scored text; show them when that is all the model said.
+    shown = result["text"] or (f"(only special tokens) {result['raw']}" if result["raw"] else "(empty)")
+    return f"<pre>{html.escape(shown)}</pre><small>{result['new_tokens']} tokens, {stop}</small>"
+
+
+def generation_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    return [[f"<pre>{html.escape(r['prompt'])}</pre>", f"<pre>{html.escape(r['reference'])}</pre>",
+             _answer(r["base"]), _answer(r["tuned"])] for r in records]
+
+
+def verdict_banners(metrics: dict[str, float], verdicts: list[dict[str, Any]]) -> str:
+    improvement = metrics["loss_improvement"]
+    banners = [(
+        "good" if improvement > 0 else "bad",
+        f"Held-out loss {metrics['base_loss']:.4g} → {metrics['tuned_loss']:.4g} "
+        f"({'improved' if improvement > 0 else 'did not improve'} by {improvement:+.4g}; perplexity "
+        f"{metrics['base_perplexity']:.4g} → {metrics['tuned_perplexity']:.4g})",
+    )]
+    if "tuned_stop_rate" in metrics and metrics["tuned_stop_rate"] < 1:
+        # Red when fine-tuning made stopping worse; amber when it did not, but answers still run on.
+        worse = metrics["tuned_stop_rate"] < metrics["base_stop_rate"]
+        banners.append(("bad" if worse else "warn", f"The tuned model did not stop in {1 - metrics['tuned_stop_rate']:.0%} of its answers "
+                               f"(base model: {1 - metrics['base_stop_rate']:.0%})"))
+    for verdict in verdicts:
+        banners.append(("good" if verdict["passed"] else "bad", "Gate: " + html.escape(gate.describe(verdict))))
+    if not verdicts:
+        banners.append(("warn", "No regression gates: add eval.gate to the recipe, e.g. {loss_improvement: {min: 0}}"))
+    return "".join(f'<div class="banner {kind}">{text}</div>' for kind, text in banners)
+
+
+def recipe_rows(recipe: dict[str, Any]) -> list[list[Any]]:
+    train, data = recipe["train"], recipe["data"]
+    lora = f" (r {train['lora']['r']}, alpha {train['lora']['alpha']})" if train.get("lora") else ""
+    return [
+        ["model", html.escape(recipe["model"]["path"] or f"hub:{recipe['model']['hub']}"
+                               + (f"@{recipe['model']['revision']}" if recipe["model"].get("revision") else ""))],
+        ["data", "<br>".join(html.escape(s["path"] or f"hub:{s['hub']}") for s in data["sources"])],
+        ["method", html.escape(f"{train['method']}{lora} on {train['backend']}")],
+        ["schedule", html.escape(f"{train['epochs']} epochs" if train["max_steps"] is None else f"{train['max_steps']} steps")
+         + html.escape(f", global batch {train['global_batch_size']}, lr {train['learning_rate']:g} {train['lr_scheduler']}")],
+        ["seq_len", data["seq_len"]],
+        ["hardware", html.escape(f"{recipe['hardware']['accelerator']}, {recipe['hardware']['gpus']} GPUs × "
+                                 f"{recipe['hardware']['nodes']} nodes")],
+    ]
+
+
+def page(title: str, body: str) -> str:
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{STYLE}</style></head><body>{body}</body></html>\n")
+
+
+# ---- the pages -----------------------------------------------------------------------------------------
+
+PLOTS = ("metrics", "training", "lengths")
+
+
+def write_report(name: str, recipe: dict[str, Any], plan_path: Path, checkpoint_dir: Path, prepared_dir: Path,
+                 metrics_path: Path, generations_path: Path, pairs_path: Path, out: Path,
+                 plot_paths: dict[str, Path]) -> None:
+    """report.html for one recipe, and its plots as SVG files (`plot_paths`, keyed by PLOTS)."""
+    metrics, records, pairs = read_json(metrics_path), read_json(generations_path), read_json(pairs_path)
+    plan, train_metrics = read_plan(plan_path), read_json(checkpoint_dir / "train_metrics.json")
+    manifest = read_json(prepared_dir / "manifest.json")
+    plots = {"metrics": metrics_plot(metrics), "training": training_plot(train_metrics),
+             "lengths": lengths_plot(manifest)}
+    verdicts = gate.check(metrics, {m: Gate.model_validate(b) for m, b in recipe["eval"]["gate"].items()})
+    answers = (_table(["prompt (as templated)", "reference", "base", "tuned"], generation_rows(records)) if records
+               else "<p>No generations (eval.generations is 0).</p>")
+    other = _table(["metric", "value", "meaning"], [[html.escape(k), v, html.escape(EVAL_METRICS[k])]
+                                                     for k, v in metrics.items() if k in ("eval_rows", "eval_supervised_tokens", "generations",
+                                                                                          "eval_pairs", "reward_accuracy", "reward_margin")])
+    body = f"""
+<h1>{html.escape(name)}</h1>
+<p>{html.escape(recipe['model']['path'])}, {html.escape(recipe['train']['method'])} fine-tune: did it help, and did it break anything?</p>
+{verdict_banners(metrics, verdicts)}
+<h2>Base vs tuned</h2>
+{_table(["metric", "base", "tuned", "change"], metrics_rows(metrics))}
+{other}
+{_img(plots["metrics"], "base vs tuned metrics")}
+{preference_section(metrics, pairs)}
+<h2>Sample answers (greedy, at most {recipe['eval']['max_new_tokens']} new tokens)</h2>
+{answers}
+<h2>Training</h2>
+{_img(plots["training"], "training loss and learning rate")}
+<h2>Plan: predicted vs measured</h2>
+<p>Precision {html.escape(str(plan.precision))}, micro-batch {plan.layout.micro_batch_size} ×
+accumulation {plan.layout.gradient_accumulation_steps} × {plan.layout.devices} device(s),
+gradient checkpointing {'on' if plan.gradient_checkpointing else 'off'}, memory estimator
+{html.escape(plan.memory.estimator)}.</p>
+{_table(["", "predicted", "measured", "measured / predicted"], plan_rows(plan, train_metrics))}
+<h2>Data</h2>
+{_table(["split", "examples", "tokens", "supervised tokens"], [[s, manifest["splits"][s]["examples"], manifest["splits"][s]["tokens"], manifest["splits"][s]["supervised_tokens"]] for s in ("train", "eval")])}
+{_img(plots["lengths"], "token-length histogram")}
+<h2>Recipe</h2>
+{_table(["field", "value"], recipe_rows(recipe))}
+<details><summary>full recipe</summary><pre>{html.escape(yaml.safe_dump(recipe, sort_keys=False))}</pre></details>
+"""
+    for key, path in plot_paths.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(plots[key])
+    _write(out, page(f"xtrain report: {name}", body))
+
+
+def compare_rows(metrics_paths: dict[str, Path]) -> list[dict[str, Any]]:
+    """One row per recipe, best (lowest tuned held-out loss) first."""
+    rows = [{"recipe": name, **read_json(path)} for name, path in metrics_paths.items()]
+    return sorted(rows, key=lambda row: (row["tuned_loss"] if math.isfinite(row["tuned_loss"]) else math.inf))
+
+
+def write_compare(metrics_paths: dict[str, Path], out: Path) -> None:
+    rows = compare_rows(metrics_paths)
+    harness = sorted({k for row in rows for k in row if k.startswith(("base_lm_", "tuned_lm_"))})
+    columns = [m for m in EVAL_METRICS if any(m in row for row in rows)] + harness
+    table = _table(["rank", "recipe", *columns], [
+        [rank, f'<a href="{html.escape(row["recipe"])}/report.html">{html.escape(row["recipe"])}</a>',
+         *[row.get(m) for m in columns]] for rank, row in enumerate(rows, 1)
+    ])
+    body = (f"<h1>Recipes ranked by tuned held-out loss</h1>{table}{_img(compare_plot(rows), 'loss by recipe')}"
+            "<p>Each recipe's own page: <code>reports/&lt;recipe&gt;/report.html</code>.</p>")
+    _write(out, page("xtrain: recipes compared", body))
+
+
+def _write(out: Path, text: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(out)

@@ -1,0 +1,184 @@
+"""The smoke stage: a recipe's own path, end to end on the CPU in minutes, before it waits in a GPU queue.
+
+`smoke/<recipe>/` (rule smoke; nothing there is an input of another stage):
+- prepare: the recipe's tokenizer, chat template and data (each source's first `SAMPLE_ROWS` rows) through the
+  real prepare code, so a template, format, mask or length problem shows as the full run would show it;
+- plan: the real plan for the recipe's own hardware, from the model's `config.json` (no weights), the full
+  data's row count and the sample's lengths at worst (every row `data.seq_len` long): memory per device
+  against the device's, time, GPU-hours, and a cost where the config prices the GPU;
+- launch: what the backend would run on that hardware (`native`: its native config and argv), checked by the
+  lane's own validator as that hardware's node would check it (`validate`: Axolotl's config loader with the GPU's
+  capabilities, `tune validate`, TRL's config classes), and the Slurm resources the train job would request;
+- model: the recipe's model shrunk (`smoke.model`: same class, vocabulary, attention layout, module names);
+- train: `SMOKE_STEPS` optimizer steps through the recipe's own backend on the CPU, in its own environment,
+  checked against the checkpoint contract;
+- evaluate: the sample's eval rows and two greedy answers, base vs tuned.
+Each step passes or fails with its time and error (`smoke.json`, `report.md`, and the log); a step that needs a
+failed one is skipped. Any failure fails the stage with the first error, the message the full run would give.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..artifacts import atomic_dir, write_json
+from ..data import prepare
+from ..data.pipeline import local_paths
+from ..data.sources import read_source
+from ..errors import XtrainError
+from ..evaluate import evaluate
+from ..plan import make_plan, write_plan
+from ..recipe import DATA_KINDS, Eval, Hardware, Recipe
+from ..train.backends.contract import TrainJob
+from ..train.backends.registry import check
+from ..train.checkpoint import check_checkpoint
+from ..train.run import run_training
+from .model import build_shrunk_model
+from .report import report_markdown
+
+log = logging.getLogger(__name__)
+
+SAMPLE_ROWS = 100  # about 10 eval rows at the default data.eval_fraction
+SMOKE_STEPS = 3
+SMOKE_BATCH = 2
+SMOKE_EVAL = Eval(batch_size=4, generations=2, max_new_tokens=8)
+
+
+class Steps:
+    """The smoke steps run so far: each one's status, seconds, result details or error."""
+
+    def __init__(self):
+        self.records: list[dict[str, Any]] = []
+
+    def run(self, name: str, needs: tuple[str, ...], action: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        if failed := [step for step in needs if not self.passed(step)]:
+            self.records.append({"step": name, "status": "skipped", "seconds": 0, "error": f"needs {', '.join(failed)}"})
+            return None
+        started = time.perf_counter()
+        try:
+            details = action()
+        except Exception as exc:  # every failure is a finding of the smoke test, reported with its step
+            if not isinstance(exc, XtrainError):
+                log.error("smoke step %s:\n%s", name, traceback.format_exc())
+            error = str(exc) if isinstance(exc, XtrainError) else f"{type(exc).__name__}: {exc}"
+            self.records.append({"step": name, "status": "failed", "seconds": round(time.perf_counter() - started, 1),
+                                 "error": error})
+            log.error("smoke step %s failed: %s", name, error)
+            return None
+        self.records.append({"step": name, "status": "passed", "seconds": round(time.perf_counter() - started, 1),
+                             **details})
+        log.info("smoke step %s passed in %.1f s", name, self.records[-1]["seconds"])
+        return details
+
+    def passed(self, name: str) -> bool:
+        return any(record["step"] == name and record["status"] == "passed" for record in self.records)
+
+    def first_error(self) -> str | None:
+        return next((f"{r['step']}: {r['error']}" for r in self.records if r["status"] == "failed"), None)
+
+
+def full_data_manifest(sample: dict[str, Any], sources: list[Path], recipe: Recipe) -> dict[str, Any]:
+    """The sample's manifest as the full data would give it: the train split scaled to every source's row count,
+    and every row as long as data.seq_len (the longest the full run may meet), for the real plan."""
+    total = sum(len(read_source(source, path).rows) for source, path in zip(recipe.data.sources,
+                                                                               local_paths(recipe.data, sources)))
+    read = sum(stats["rows"] for stats in sample["sources"].values())
+    scale = total / read
+    train = dict(sample["splits"]["train"])
+    for key in ("rows", "tokens", "supervised_tokens"):
+        train[key] = max(1, round(train[key] * scale))
+    train["max_len"] = sample["seq_len"]
+    return {**sample, "splits": {**sample["splits"], "train": train}}
+
+
+def real_plan(recipe: Recipe, model_dir: Path, sample: dict, sources: list[Path], prices: dict[str, float]):
+    plan = make_plan(model_dir, full_data_manifest(sample, sources, recipe), recipe.train, recipe.hardware,
+                     recipe.model.trust_remote_code)
+    devices = recipe.hardware.devices if recipe.hardware.gpus else 0
+    gpu_hours = plan.time.seconds / 3600 * devices
+    price = prices.get(recipe.hardware.gpu or "")
+    return plan, {
+        "device": plan.memory.device, "peak_gib_per_device": round(plan.memory.peak_bytes_per_device / 2**30, 2),
+        "budget_gib_per_device": round(plan.memory.budget_bytes_per_device / 2**30, 2),
+        "precision": plan.precision, "strategy": plan.layout.strategy, "steps": plan.time.steps,
+        "run_seconds": round(plan.time.seconds), "gpus": devices, "gpu_hours": round(gpu_hours, 2),
+        **({"cost": round(gpu_hours * price, 2), "price_per_gpu_hour": price} if price is not None else {}),
+    }
+
+
+def smoke(*, recipe: Recipe, name: str, model_dir: Path, sources: list[Path], out: Path,
+          prices: dict[str, float]) -> dict[str, Any]:
+    """Run every step into `out`; raise the first failure's error after writing the record to the log."""
+    steps, trust = Steps(), recipe.model.trust_remote_code
+    kind = DATA_KINDS[recipe.train.objective]
+    smoke_train = recipe.train.model_copy(update={"max_steps": SMOKE_STEPS, "global_batch_size": SMOKE_BATCH,
+                                                  "micro_batch_size": None, "logging_steps": 1})
+    with atomic_dir(out) as staging:
+        prepared = staging / "prepared"
+        manifest: dict[str, Any] = {}
+
+        def prepare_sample():
+            manifest.update(prepare(sources, model_dir, recipe.data, prepared, trust, kind, limit=SAMPLE_ROWS))
+            train = manifest["splits"]["train"]
+            return {"sample_rows_per_source": SAMPLE_ROWS, "rows": train["rows"], "tokens": train["tokens"],
+                    "masking": manifest.get("masking"),
+                    "sources": {n: {"kept": s["kept"], "dropped": dict(s["dropped"])}
+                                for n, s in manifest["sources"].items()}}
+
+        steps.run("prepare", (), prepare_sample)
+        plan_holder: dict[str, Any] = {}
+
+        def plan_real():
+            plan_holder["plan"], figures = real_plan(recipe, model_dir, manifest, sources, prices)
+            return figures
+
+        steps.run("plan", ("prepare",), plan_real)
+
+        def render_launch():
+            backend = check(recipe.train.backend, recipe.train, recipe.hardware, manifest.get("packing", False))
+            # On the sample's prepared data (the backend reads it to decide packing): paths point into smoke/.
+            job = TrainJob(model_dir, prepared, plan_holder["plan"], recipe.train, recipe.hardware,
+                           Path("checkpoints") / name, Path("runs") / name, None, trust)
+            native = backend.native(job)
+            write_json(staging / "launch.json", json.loads(json.dumps(native, default=str)))
+            checked = backend.validate(job, native, staging / "validate")
+            return {"argv": [str(arg) for arg in native.get("argv") or []], "validated_by": checked["validator"],
+                    "resources": plan_holder["plan"].resources.model_dump()}
+
+        steps.run("launch", ("plan",), render_launch)
+        shrunk = staging / "model"
+        steps.run("model", (), lambda: build_shrunk_model(model_dir, shrunk, recipe.train.seed, trust))
+
+        def train_steps():
+            cpu = Hardware()
+            plan = make_plan(shrunk, manifest, smoke_train, cpu, trust)
+            write_plan(staging / "plan.json", plan)
+            run_training(model_dir=shrunk, prepared_dir=prepared, plan_path=staging / "plan.json", train=smoke_train,
+                         hardware=cpu, out=staging / "checkpoint", work_dir=staging / "runs", trust_remote_code=trust)
+            metrics = check_checkpoint(staging / "checkpoint", recipe.train.backend)
+            return {"backend": recipe.train.backend, "steps": metrics["steps"],
+                    "losses": [round(entry["loss"], 4) for entry in metrics["loss"]]}
+
+        steps.run("train", ("prepare", "model"), train_steps)
+
+        def evaluate_sample():
+            metrics = evaluate(shrunk, staging / "checkpoint", prepared, SMOKE_EVAL, staging / "eval.json",
+                               trust_remote_code=trust)
+            return {"eval_rows": metrics["eval_rows"], "tuned_loss": round(metrics["tuned_loss"], 4)}
+
+        steps.run("evaluate", ("train",), evaluate_sample)
+        error = steps.first_error()
+        summary = {"recipe": name, "verdict": "failed" if error else "passed", "steps": steps.records}
+        report = report_markdown(summary, recipe)
+        log.info("smoke report:\n%s", report)
+        if error:
+            raise XtrainError(f"smoke test of recipes/{name}.yaml failed at {error}")
+        write_json(staging / "smoke.json", summary)
+        (staging / "report.md").write_text(report, encoding="utf-8")
+    return summary
