@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
-from xtrain.report.pages import write_compare
+from xtrain.report import write_compare
 from xtrain.stage import run_stage
 
 run_stage(

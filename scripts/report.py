@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
-from xtrain.report.pages import PLOTS, write_report
+from xtrain.report import PLOTS, write_report
 from xtrain.stage import run_stage
 
 run_stage(

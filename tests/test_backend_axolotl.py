@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from backend_runs import (  # noqa: F401 (fixtures)
+from backend_runs import (
     PAIRS,
     ensure_backend_env,
     tiny_dpo,
     train_tiny_dpo_with_backend,
     train_tiny_recipe_with_backend,
-    trl_cpu_dpo_reference,
-    trl_cpu_reference,
 )
 from backend_runs import tiny_train as backend_train
+from backend_runs import trl_cpu_dpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
 from conftest import REPO, sample_plan
 
 from xtrain.data import prepare

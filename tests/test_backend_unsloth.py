@@ -4,15 +4,9 @@ trl_cpu."""
 from __future__ import annotations
 
 import pytest
-from backend_runs import (  # noqa: F401 (fixtures)
-    ensure_backend_env,
-    tiny_dpo,
-    train_tiny_dpo_with_backend,
-    train_tiny_recipe_with_backend,
-    trl_cpu_dpo_reference,
-    trl_cpu_reference,
-)
+from backend_runs import ensure_backend_env, tiny_dpo, train_tiny_dpo_with_backend, train_tiny_recipe_with_backend
 from backend_runs import tiny_train as backend_train
+from backend_runs import trl_cpu_dpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
 from conftest import sample_plan
 
 from xtrain.errors import XtrainError
