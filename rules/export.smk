@@ -6,6 +6,7 @@ rule export:
         prepared="prepared/{recipe}",
         checkpoint="checkpoints/{recipe}",
         metrics="reports/{recipe}/eval.json",
+        job_plan="plans/{recipe}/export.json",
     output:
         directory("exports/{recipe}"),
     log:
@@ -15,6 +16,10 @@ rule export:
     conda:
         "../envs/xtrain.yaml"
     threads: workflow.cores
+    resources:
+        mem_mb=planned("mem_mb", 4096, "job_plan"),
+        runtime=planned("runtime", 60, "job_plan"),
+        cpus_per_task=planned("cpus", 2, "job_plan"),
     params:
         recipe=export_slice,
     script:

@@ -5,6 +5,8 @@ from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
 from xtrain.evaluate import evaluate
+from xtrain.plan import read_plan
+from xtrain.plan.schema import JobPlan
 from xtrain.recipe import Eval, trusts_remote_code
 from xtrain.stage import recipe_file, run_stage
 
@@ -19,6 +21,7 @@ run_stage(
         generations_out=Path(snakemake.output.generations),
         pairs_out=Path(snakemake.output.pairs),
         trust_remote_code=trusts_remote_code(snakemake.params.recipe),
+        job=read_plan(snakemake.input.job_plan, JobPlan),
     ),
     recipe_file(snakemake),
     threads=snakemake.threads,

@@ -73,7 +73,7 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
     summary = read_json(out / "smoke.json")
     steps = {step["step"]: step for step in summary["steps"]}
     assert summary["verdict"] == "passed" and all(step["status"] == "passed" for step in steps.values()), steps
-    assert list(steps) == ["prepare", "plan", "launch", "model", "train", "evaluate"]
+    assert list(steps) == ["prepare", "plan", "jobs", "launch", "model", "train", "evaluate"]
     # the shrunk model keeps the class, vocabulary, 4:1 grouped-query attention, rope scaling and untied embeddings
     shrunk = read_json(out / "model/config.json")
     assert (shrunk["num_attention_heads"], shrunk["num_key_value_heads"], shrunk["num_hidden_layers"]) == (4, 1, 2)
@@ -88,6 +88,10 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
     assert plan["gpus"] == 8 and plan["device"] == "h100" and plan["peak_gib_per_device"] < plan["budget_gib_per_device"]
     assert plan["cost"] == pytest.approx(plan["gpu_hours"] * 2.5, abs=0.01)
     assert "--nproc-per-node=8" in steps["launch"]["argv"] and steps["launch"]["resources"]["gpus"] == 8
+    # the jobs after training on the same hardware: evaluate on one H100 in bf16, within its memory
+    evaluate = steps["jobs"]["jobs"]["evaluate"]
+    assert evaluate["where"].startswith("on 1 x h100 in bf16") and evaluate["resources"]["gpus"] == 1
+    assert evaluate["peak_gib_per_device"] < evaluate["budget_gib_per_device"]
     validator = {"trl_local": "TRL's SFTConfig", "axolotl": "Axolotl's load_cfg", "torchtune": "tune validate"}[backend]
     assert steps["launch"]["validated_by"].startswith(validator)
     if backend == "torchtune":  # the precision is on its command line
@@ -97,6 +101,7 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
     report = (out / "report.md").read_text()
     assert report.startswith("# Smoke test of recipes/llama8b.yaml: PASSED") and "8 x h100 GPU(s) per node" in report
     assert "GPU-hours, cost" in report and "Verdict: ready to submit." in report
+    assert "## The jobs after training" in report and "- evaluate: on 1 x h100 in bf16" in report
     assert f"accepted by {steps['launch']['validated_by']}" in report
     assert not (project / "prepared/llama8b").exists() and not (project / "checkpoints/llama8b").exists()
     assert not list((project / ".venvs").glob("*-cuda")), "the rehearsal trains on the CPU: no GPU environment built"

@@ -25,9 +25,11 @@ data:
   eval_fraction: 0.2
 train: {max_steps: 4, global_batch_size: 4, learning_rate: 5.0e-3}
 """
-# What any change to a checkpoint or to eval: reruns: evaluation, the report and the gate after it.
+# What any change to a checkpoint reruns: evaluation, the report and the gate after it.
 REPORTING = ("evaluate", "report", "gate")
-STAGES = ("prepare", "plan", "train", *REPORTING)
+# The plans: the train job's, and the evaluate job's (plans/<recipe>/evaluate.json), which an edit to eval: redoes.
+PLANS = ("plan", "plan_evaluate")
+STAGES = ("prepare", *PLANS, "train", *REPORTING)
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +110,9 @@ def test_nothing_to_do_after_complete_build(project):
     assert dry_run(project, "reports/demo/eval.json", "checkpoints/second") == set()
 
 
-def test_eval_edit_reruns_only_evaluate_and_reporting(project):
+def test_eval_edit_reruns_only_evaluate_its_plan_and_reporting(project):
     with edited(project / "recipes/demo.yaml", lambda t: t.replace("batch_size: 16", "batch_size: 4")):
-        assert dry_run(project) == jobs("demo", *REPORTING)
+        assert dry_run(project) == jobs("demo", "plan_evaluate", *REPORTING)
 
 
 def test_gate_edit_reruns_only_report_and_gate(project):
@@ -125,7 +127,7 @@ def test_learning_rate_edit_reruns_train_and_reporting(project):
 
 def test_shape_edit_reruns_the_plan_too(project):
     with edited(project / "recipes/demo.yaml", lambda t: t.replace("epochs: 3", "epochs: 2")):
-        assert dry_run(project) == jobs("demo", "plan", "train", *REPORTING)
+        assert dry_run(project) == jobs("demo", *PLANS, "train", *REPORTING)
 
 
 def test_data_change_reruns_every_stage_of_that_recipe_only(project):
@@ -173,7 +175,7 @@ def test_lint_is_clean(project):
 def test_real_rerun_after_learning_rate_edit_touches_only_train_and_reporting(project):
     """Runs last in this module: it really retrains demo, then leaves a consistent build behind."""
     untouched = [project / "prepared/demo/manifest.json", project / "plans/demo/plan.json",
-                 project / "reports/second/eval.json"]
+                 project / "plans/demo/evaluate.json", project / "reports/second/eval.json"]
     before = {path: path.stat().st_mtime_ns for path in untouched}
     old_metrics = json.loads((project / "reports/demo/eval.json").read_text())
     recipe = project / "recipes/demo.yaml"

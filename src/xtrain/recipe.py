@@ -619,6 +619,7 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
     kind = DATA_KINDS[recipe.train.objective]
     preference = {"data_kind": kind} if kind != "chats" else {}
     up_to_evaluation = {k: v for k, v in dump.items() if k != "export"}  # the export section is export's alone
+    evaluation = {k: v for k, v in dump["eval"].items() if k != "gate"}
     slices = {
         # A preference objective decides what the data is (pairs, labelled answers) and how it is prepared; SFT
         # recipes' slices stay as they were, so their prepared data is not rebuilt (nor DPO's for ORPO).
@@ -630,14 +631,18 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
         },
         "train": {"train": dump["train"], "hardware": dump["hardware"], **trust},
         # The gate step reads the gates; evaluate does not, so a gate edit does not rerun evaluation.
-        "evaluate": {"eval": {k: v for k, v in dump["eval"].items() if k != "gate"}, **trust},
+        "evaluate": {"eval": evaluation, **trust},
+        # The jobs after training are placed on the recipe's hardware (plan/jobs.py).
+        "plan_evaluate": {"eval": evaluation, "hardware": dump["hardware"], **trust},
+        "plan_export": {"export": dump["export"], "hardware": dump["hardware"], **trust},
         "gate": {"gate": dump["eval"]["gate"]},
         # train and hardware go into the export's model card; editing them retrains, so they add no rerun.
         "export": {"export": dump["export"], "train": dump["train"], "hardware": dump["hardware"], **trust},
         # The report shows the recipe up to evaluation; the export section is the export stage's alone.
         "report": up_to_evaluation,
-        # The smoke test rehearses the recipe up to evaluation (prepare, plan, launch, train, evaluate).
-        "smoke": up_to_evaluation,
+        # The smoke test rehearses the recipe up to evaluation (prepare, plan, launch, train, evaluate) and plans
+        # every job of the real run, the export's too.
+        "smoke": dump,
     }
     return slices[stage]
 

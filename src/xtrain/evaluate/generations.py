@@ -74,23 +74,26 @@ def generate(model, prompts: list[Prompt], stop_ids: set[int], pad_id: int, batc
     import torch
 
     model.eval()
-    results = []
+    results: list[dict[str, Any]] = [{}] * len(prompts)
+    # Prompts of similar length share a batch, so little of it is padding; answers come back in the prompts' order.
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].prompt_ids))
     with torch.no_grad():
-        for start in range(0, len(prompts), batch_size):
-            batch = prompts[start : start + batch_size]
+        for start in range(0, len(order), batch_size):
+            batch = [prompts[i] for i in order[start : start + batch_size]]
             width = max(len(p.prompt_ids) for p in batch)
             ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
             attention = torch.zeros((len(batch), width), dtype=torch.long)
             for i, prompt in enumerate(batch):
                 ids[i, width - len(prompt.prompt_ids) :] = torch.tensor(prompt.prompt_ids)
                 attention[i, width - len(prompt.prompt_ids) :] = 1
-            out = model.generate(
-                input_ids=ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=sorted(stop_ids), pad_token_id=pad_id, top_p=None, top_k=None, temperature=None,
+            out = model.generate(  # greedy, with the KV cache
+                input_ids=ids.to(model.device), attention_mask=attention.to(model.device),
+                max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(stop_ids), pad_token_id=pad_id,
+                top_p=None, top_k=None, temperature=None,
             )
-            for row in out[:, width:].tolist():
+            for index, row in zip(order[start : start + batch_size], out[:, width:].tolist()):
                 end = next((i for i, token in enumerate(row) if token in stop_ids), None)
-                results.append({"ids": row if end is None else row[: end + 1], "stopped": end is not None})
+                results[index] = {"ids": row if end is None else row[: end + 1], "stopped": end is not None}
             advance(len(batch))
     return results
 

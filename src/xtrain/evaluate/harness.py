@@ -18,8 +18,12 @@ from ..recipe import LmEval
 log = logging.getLogger(__name__)
 
 
-def model_args(model_dir: Path, checkpoint_dir: Path, which: str) -> dict[str, Any]:
-    args: dict[str, Any] = {"dtype": "float32", "device": "cpu", "tokenizer": str(checkpoint_dir)}
+def model_args(model_dir: Path, checkpoint_dir: Path, which: str, dtype: str = "float32", device: str = "cpu"
+               ) -> dict[str, Any]:
+    """lm-eval's `hf` model arguments: the folders, and the evaluate job's dtype and placement (`auto`: spread over
+    the node's GPUs, lm-eval's `parallelize`)."""
+    placement = {"parallelize": True} if device == "auto" else {"device": device}
+    args: dict[str, Any] = {"dtype": dtype, **placement, "tokenizer": str(checkpoint_dir)}
     if which == "base":
         return {**args, "pretrained": str(model_dir)}
     if (checkpoint_dir / "adapter_config.json").is_file():
@@ -40,7 +44,8 @@ def flatten(results: dict[str, dict[str, Any]], prefix: str) -> dict[str, float]
     return flat
 
 
-def run_tasks(settings: LmEval, model_dir: Path, checkpoint_dir: Path, batch_size: int) -> dict[str, float]:
+def run_tasks(settings: LmEval, model_dir: Path, checkpoint_dir: Path, batch_size: int, dtype: str = "float32",
+              device: str = "cpu") -> dict[str, float]:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -55,7 +60,8 @@ def run_tasks(settings: LmEval, model_dir: Path, checkpoint_dir: Path, batch_siz
     metrics: dict[str, float] = {}
     for which in ("base", "tuned"):
         out = lm_eval.simple_evaluate(
-            model="hf", model_args=model_args(model_dir, checkpoint_dir, which), tasks=list(settings.tasks),
+            model="hf", model_args=model_args(model_dir, checkpoint_dir, which, dtype, device),
+            tasks=list(settings.tasks),
             task_manager=manager, batch_size=batch_size, limit=settings.limit, num_fewshot=settings.num_fewshot,
             log_samples=False, random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0,
         )

@@ -46,9 +46,10 @@ def row_nll(model, input_ids, masks, batch_size: int, pad_id: int, advance: Call
                 ids[i, : len(row)] = torch.tensor(row)
                 attention[i, : len(row)] = 1
                 targets[i, : len(row)] = torch.tensor(labels(row, mask))
-            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
+            logits = model(input_ids=ids.to(model.device), attention_mask=attention.to(model.device),
+                           use_cache=False).logits.float()
             # Position t predicts token t+1.
-            targets = targets[:, 1:]
+            targets = targets[:, 1:].to(logits.device)
             nll = F.cross_entropy(
                 logits[:, :-1].transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none"
             ).sum(dim=1)

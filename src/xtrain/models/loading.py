@@ -23,6 +23,15 @@ def load_model(folder: Path, dtype: str = "float32", device: str = "cpu", trust_
                                                 trust_remote_code=trust_remote_code)
 
 
+def config_dtype(model_dir: Path, trust_remote_code: bool = False) -> str:
+    """The dtype a model folder's config declares (a torch dtype name); float32 when it names none."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    dtype = getattr(config, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+
+
 def is_adapter(checkpoint_dir: Path) -> bool:
     return (checkpoint_dir / "adapter_config.json").is_file()
 

@@ -98,19 +98,10 @@ class Planner:
         return breakdown
 
     def reserved(self, peak: int) -> int:
-        """What the device must hold for a tensor peak of `peak` bytes."""
-        return peak if self.hardware.accelerator == "cpu" else int(peak * ALLOCATOR_SLACK) + GPU_CONTEXT_BYTES
+        return reserved_bytes(peak, self.hardware)
 
     def budget(self, gpu: str | None = None) -> int:
-        """Bytes one device offers: a GPU's memory, or a CPU process's share of its node's RAM less its own."""
-        hardware = self.hardware
-        if hardware.accelerator == "cpu":
-            total = (hardware.host_memory_gb * GIB if hardware.host_memory_gb
-                     else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-            return int(total * HOST_HEADROOM) // hardware.processes - CPU_PROCESS_BYTES
-        if gpu is None and hardware.gpu_memory_gb:
-            return int(hardware.gpu_memory_gb * GIB)
-        return int(GPUS[gpu or hardware.gpu].memory_gib * GIB)
+        return device_budget(self.hardware, gpu)
 
     def fits(self, step: Step, strategy: str) -> bool:
         return self.reserved(sum(self.breakdown(step, strategy).values())) <= self.budget()
@@ -390,6 +381,23 @@ def more_gpus(planner: Planner, step: Step, need: int) -> list[str]:
         unset = " and no hardware.gpu_memory_gb" if planner.hardware.gpu_memory_gb else ""
         fixes.append(f"hardware.gpu_model: {larger[0][1]} ({larger[0][0]:.0f} GiB){unset}")
     return fixes
+
+
+def reserved_bytes(peak: int, hardware: Hardware) -> int:
+    """What a device must hold for a tensor peak of `peak` bytes."""
+    return peak if hardware.accelerator == "cpu" else int(peak * ALLOCATOR_SLACK) + GPU_CONTEXT_BYTES
+
+
+def device_budget(hardware: Hardware, gpu: str | None = None) -> int:
+    """Bytes one device offers: a GPU's memory (of `gpu` if given), or a CPU process's share of its node's RAM less
+    its own."""
+    if hardware.accelerator == "cpu":
+        total = (hardware.host_memory_gb * GIB if hardware.host_memory_gb
+                 else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        return int(total * HOST_HEADROOM) // hardware.processes - CPU_PROCESS_BYTES
+    if gpu is None and hardware.gpu_memory_gb:
+        return int(hardware.gpu_memory_gb * GIB)
+    return int(GPUS[gpu or hardware.gpu].memory_gib * GIB)
 
 
 def resources(planner: Planner, peak: int, seconds: float) -> dict[str, Any]:

@@ -180,14 +180,77 @@ class Plan(Section):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-def write_plan(path: str | Path, plan: Plan) -> None:
+class JobMemory(Section):
+    """Predicted memory of a job after training, on one device."""
+
+    weights_bytes: int = Field(description="the model's weights in the job's precision (one copy: LoRA's base is "
+                               "scored with the adapter disabled, then enabled; a full model is loaded once at a time)")
+    activations_bytes: int = Field(description="the largest batch's transient tensors beside the weights")
+    breakdown_bytes: dict[str, int] = Field(
+        description="evaluate: `scoring` (hidden states, attention scores, logits with their fp32 upcast), "
+        "`generation` (the KV cache and the last position's logits), `lm_eval` (a batch at lm-eval's length); "
+        "export: `merge` (the model merged in place) and `gguf` (the streaming GGUF writer's largest shard)"
+    )
+    peak_bytes_per_device: int = Field(description="weights (over the devices they are spread on) + activations")
+    budget_bytes_per_device: int = Field(description="what one device offers (GPU memory, or host RAM × 0.9 − 680 MiB)")
+    host_bytes: int = Field(description="predicted host memory of the job's process: on GPUs 1.5 GiB plus a copy of "
+                            "the weights while loading; on the CPU 680 MiB plus the peak × what glibc keeps")
+
+
+class JobTime(Section):
+    """Predicted time of a job after training."""
+
+    seconds: float = Field(description="the sum of `terms`")
+    terms: dict[str, float] = Field(
+        description="evaluate: `scoring` and `generation` (base and tuned: 2 FLOPs per parameter per token at the "
+        "training throughput, plus each forward's ops), `loading`; export: `merge` (load and save) and `gguf_<type>`"
+    )
+    lm_eval_allowance_minutes: int | None = Field(
+        None, description="lm-eval's time is not predicted (it depends on the tasks' documents): 20 minutes per task "
+        "and model are added to `resources.runtime`"
+    )
+
+
+class JobResources(Section):
+    """What the job asks the scheduler for (one node)."""
+
+    gpus: int = Field(description="GPUs the weights are spread over (0: the CPU)")
+    cpus: int = Field(description="`hardware.cpus`, else 8 per GPU, or the planning machine's cores")
+    mem_mb: int = Field(description="`memory.host_bytes` × 1.25")
+    runtime: int = Field(description="minutes: 1.5 × the predicted time + 10, plus the lm-eval allowance")
+
+
+class JobPlan(Section):
+    """plans/<recipe>/evaluate.json and plans/<recipe>/export.json: a job after training, placed and sized."""
+
+    job: Literal["evaluate", "export"]
+    accelerator: Literal["cpu", "cuda", "rocm"] = Field(description="where the job runs")
+    device: str = Field(description="the GPU model, or `cpu`")
+    devices: int = Field(description="GPUs the model is loaded on (0: the CPU)")
+    device_map: Literal["cpu", "cuda", "auto"] = Field(
+        description="how the weights are placed: `cuda` one GPU, `auto` spread over the node's GPUs by accelerate"
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(description="the dtype the weights are loaded and run in")
+    batch_size: int | None = Field(None, description="evaluate: sequences per forward pass and generation batch")
+    lm_eval_batch_size: int | None = Field(None, description="evaluate with `eval.lm_eval`: lm-eval's batch size")
+    reason: str = Field(description="the placement in words: why this device and precision")
+    memory: JobMemory
+    time: JobTime
+    resources: JobResources
+
+    def to_json(self) -> dict:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def write_plan(path: str | Path, plan: Plan | JobPlan) -> None:
     write_json(path, plan.to_json())
 
 
-def read_plan(path: str | Path) -> Plan:
-    """plan.json, validated; a plan of another shape names the file and the fields at fault."""
+def read_plan(path: str | Path, model: type[Plan] | type[JobPlan] = Plan) -> Plan | JobPlan:
+    """plan.json (or, with `model=JobPlan`, a job's plan), validated; a plan of another shape names the file and the
+    fields at fault."""
     try:
-        return Plan.model_validate(read_json(path))
+        return model.model_validate(read_json(path))
     except ValidationError as exc:
         fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
         raise XtrainError(f"{path}: not a plan this version of xtrain reads ({fields}); rerun the plan stage "

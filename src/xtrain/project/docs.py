@@ -26,6 +26,8 @@ CAPABILITIES = ("<!-- capability table: generated from each backend's `capabilit
 PLAN_PATH = ROOT / "docs" / "plan.md"
 PLAN_FIELDS = ("<!-- plan fields: generated from src/xtrain/plan/schema.py by `make docs` -->",
                "<!-- end of the plan fields -->")
+JOB_PLAN_FIELDS = ("<!-- job plan fields: generated from src/xtrain/plan/schema.py by `make docs` -->",
+                   "<!-- end of the job plan fields -->")
 
 
 def _type_name(annotation) -> str:
@@ -77,10 +79,10 @@ def schema_text() -> str:
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
-def spliced(path: Path, markers: tuple[str, str], lines: list[str]) -> str:
-    """`path`'s text with the generated `lines` between its two marker lines (the rest is written by hand)."""
+def spliced(text: str, markers: tuple[str, str], lines: list[str]) -> str:
+    """`text` with the generated `lines` between its two marker lines (the rest is written by hand)."""
     start, end = markers
-    head, rest = path.read_text().split(start, 1)
+    head, rest = text.split(start, 1)
     return "\n".join([head + start, *lines, end]) + rest.split(end, 1)[1]
 
 
@@ -88,15 +90,17 @@ def backends_page() -> str:
     """docs/backends.md with its capability table regenerated."""
     from ..train.backends import capabilities
 
-    return spliced(BACKENDS_PATH, CAPABILITIES, capabilities.capability_rows(capabilities.CAPABILITIES))
+    return spliced(BACKENDS_PATH.read_text(), CAPABILITIES,
+                   capabilities.capability_rows(capabilities.CAPABILITIES))
 
 
 def plan_page() -> str:
-    """docs/plan.md with its field table regenerated from the typed plan."""
-    from ..plan.schema import Plan
+    """docs/plan.md with its field tables regenerated from the typed plans (plan.json's, and the jobs')."""
+    from ..plan.schema import JobPlan, Plan
 
-    return spliced(PLAN_PATH, PLAN_FIELDS, ["| field | type | default | meaning |", "| --- | --- | --- | --- |",
-                                            *_rows(Plan, "")])
+    header = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
+    text = spliced(PLAN_PATH.read_text(), PLAN_FIELDS, [*header, *_rows(Plan, "")])
+    return spliced(text, JOB_PLAN_FIELDS, [*header, *_rows(JobPlan, "")])
 
 
 def main() -> None:

@@ -24,6 +24,17 @@ def plan_lines(plan: dict[str, Any], recipe: Recipe) -> list[str]:
     return lines
 
 
+def job_lines(jobs: dict[str, Any]) -> list[str]:
+    """One line per job after training: where it runs and why, memory, time and what it asks the scheduler for."""
+    lines = []
+    for name, job in jobs.items():
+        resources = job["resources"]
+        lines.append(f"- {name}: {job['where']}; {job['peak_gib_per_device']} GiB of {job['budget_gib_per_device']} "
+                     f"GiB per device; {duration(job['seconds'])}; asks for {resources['gpus']} GPU(s), "
+                     f"{resources['cpus']} CPUs, {resources['mem_mb']} MB, {resources['runtime']} min.")
+    return lines
+
+
 def report_markdown(summary: dict[str, Any], recipe: Recipe) -> str:
     steps = {record["step"]: record for record in summary["steps"]}
     rows = [f"| {r['step']} | {r['status']} | {r['seconds']} s | {r.get('error', '')} |" for r in summary["steps"]]
@@ -37,6 +48,8 @@ def report_markdown(summary: dict[str, Any], recipe: Recipe) -> str:
                                        for name, stats in prepare["sources"].items()) + ".", ""]
     if steps.get("plan", {}).get("status") == "passed":
         lines += ["## The real run's plan", "", *plan_lines(steps["plan"], recipe), ""]
+    if steps.get("jobs", {}).get("status") == "passed":
+        lines += ["## The jobs after training", "", *job_lines(steps["jobs"]["jobs"]), ""]
     if steps.get("launch", {}).get("status") == "passed":
         launch = steps["launch"]
         lines += ["## Launch", "", f"backend `{recipe.train.backend}`; native config in `launch.json`, accepted by "

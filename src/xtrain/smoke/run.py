@@ -6,6 +6,9 @@
 - plan: the real plan for the recipe's own hardware, from the model's `config.json` (no weights), the full
   data's row count and the sample's lengths at worst (every row `data.seq_len` long): memory per device
   against the device's, time, GPU-hours, and a cost where the config prices the GPU;
+- jobs: the real plans of the jobs after training (`plan.jobs`: evaluate, and export when the recipe asks): where
+  each runs and why, memory per device against the device's, time, and the resources it asks for; a job that
+  does not fit its node fails here;
 - launch: what the backend would run on that hardware (`native`: its native config and argv), checked by the
   lane's own validator as that hardware's node would check it (`validate`: Axolotl's config loader with the GPU's
   capabilities, `tune validate`, TRL's config classes), and the Slurm resources the train job would request;
@@ -34,6 +37,8 @@ from ..data.sources import read_source
 from ..errors import XtrainError
 from ..evaluate import evaluate
 from ..plan import make_plan, write_plan
+from ..plan.jobs import plan_evaluate, plan_export
+from ..plan.schema import JobPlan
 from ..recipe import DATA_KINDS, Eval, Hardware, Recipe
 from ..train.backends.contract import TrainJob
 from ..train.backends.registry import check
@@ -84,22 +89,23 @@ class Steps:
 
 
 def full_data_manifest(sample: dict[str, Any], sources: list[Path], recipe: Recipe) -> dict[str, Any]:
-    """The sample's manifest as the full data would give it: the train split scaled to every source's row count,
-    and every row as long as data.seq_len (the longest the full run may meet), for the real plan."""
+    """The sample's manifest as the full data would give it: each split scaled to every source's row count, and
+    every row as long as data.seq_len (the longest the full run may meet), for the real plan."""
     total = sum(len(read_source(source, path).rows) for source, path in zip(recipe.data.sources,
                                                                                local_paths(recipe.data, sources)))
     read = sum(stats["rows"] for stats in sample["sources"].values())
     scale = total / read
-    train = dict(sample["splits"]["train"])
-    for key in ("rows", "tokens", "supervised_tokens"):
-        train[key] = max(1, round(train[key] * scale))
-    train["max_len"] = sample["seq_len"]
-    return {**sample, "splits": {**sample["splits"], "train": train}}
+    splits = {}
+    for name, split in sample["splits"].items():
+        splits[name] = dict(split)
+        for key in ("rows", "tokens", "supervised_tokens"):
+            splits[name][key] = max(1, round(split[key] * scale))
+        splits[name]["max_len"] = sample["seq_len"]
+    return {**sample, "splits": splits}
 
 
-def real_plan(recipe: Recipe, model_dir: Path, sample: dict, sources: list[Path], prices: dict[str, float]):
-    plan = make_plan(model_dir, full_data_manifest(sample, sources, recipe), recipe.train, recipe.hardware,
-                     recipe.model.trust_remote_code)
+def real_plan(recipe: Recipe, model_dir: Path, manifest: dict, prices: dict[str, float]):
+    plan = make_plan(model_dir, manifest, recipe.train, recipe.hardware, recipe.model.trust_remote_code)
     devices = recipe.hardware.devices if recipe.hardware.gpus else 0
     gpu_hours = plan.time.seconds / 3600 * devices
     price = prices.get(recipe.hardware.gpu or "")
@@ -110,6 +116,13 @@ def real_plan(recipe: Recipe, model_dir: Path, sample: dict, sources: list[Path]
         "run_seconds": round(plan.time.seconds), "gpus": devices, "gpu_hours": round(gpu_hours, 2),
         **({"cost": round(gpu_hours * price, 2), "price_per_gpu_hour": price} if price is not None else {}),
     }
+
+
+def job_figures(job: JobPlan) -> dict[str, Any]:
+    """What the smoke report shows of a job after training."""
+    return {"where": job.reason, "peak_gib_per_device": round(job.memory.peak_bytes_per_device / 2**30, 2),
+            "budget_gib_per_device": round(job.memory.budget_bytes_per_device / 2**30, 2),
+            "seconds": round(job.time.seconds), "resources": job.resources.model_dump()}
 
 
 def smoke(*, recipe: Recipe, name: str, model_dir: Path, sources: list[Path], out: Path,
@@ -135,10 +148,20 @@ def smoke(*, recipe: Recipe, name: str, model_dir: Path, sources: list[Path], ou
         plan_holder: dict[str, Any] = {}
 
         def plan_real():
-            plan_holder["plan"], figures = real_plan(recipe, model_dir, manifest, sources, prices)
+            plan_holder["manifest"] = full_data_manifest(manifest, sources, recipe)
+            plan_holder["plan"], figures = real_plan(recipe, model_dir, plan_holder["manifest"], prices)
             return figures
 
         steps.run("plan", ("prepare",), plan_real)
+
+        def plan_jobs():
+            plan, full = plan_holder["plan"], plan_holder["manifest"]
+            jobs = {"evaluate": plan_evaluate(plan, full, recipe.eval, recipe.hardware, model_dir, trust)}
+            if recipe.export is not None:
+                jobs["export"] = plan_export(plan, recipe.export, recipe.hardware, model_dir, trust)
+            return {"jobs": {name: job_figures(job) for name, job in jobs.items()}}
+
+        steps.run("jobs", ("plan",), plan_jobs)
 
         def render_launch():
             backend = check(recipe.train.backend, recipe.train, recipe.hardware, manifest.get("packing", False))
