@@ -137,7 +137,7 @@ def test_real_text_documents_are_trained_on_every_token_and_end_with_eos(tiny_mo
 
 
 def test_batched_tokens_and_masks_equal_apply_chat_template_row_by_row(tokenizer):
-    from xtrain.data.pipeline import apply_tool_calls
+    from xtrain.data.chats import apply_tool_calls
     from xtrain.data.templates import ChatTemplate
     from xtrain.data.tokenize import encode_chats
 

@@ -241,7 +241,7 @@ def test_reasoning_is_given_under_the_key_the_template_reads(tiny_model):
     """GPT-OSS's template reads an assistant turn's reasoning as `thinking`, Qwen3's as `reasoning_content`."""
     from transformers import AutoTokenizer
 
-    from xtrain.data.pipeline import apply_reasoning
+    from xtrain.data.chats import apply_reasoning
     from xtrain.data.templates import ChatTemplate, render
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)

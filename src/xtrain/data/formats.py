@@ -105,6 +105,24 @@ def detect_format(row: dict[str, Any]) -> str | None:
     return next((fmt for column, fmt in DETECTED_BY if column in row), None)
 
 
+def source_format(source: DataSource, found: SourceRows) -> str:
+    """The row format of a source (detected from its first row unless set), once its rows are known to be
+    supervised chat data rather than preference or multimodal data."""
+    if kind := other_kind(found.rows[0]):
+        raise XtrainError(
+            f"{found.where(0)}: this source holds {kind[0]}, not supervised chat data: an SFT recipe would train on "
+            f"part of each row and drop what makes it {kind[0].split(' (')[0]}. Set {kind[1]}, or remove the source "
+            "from data.sources"
+        )
+    fmt = source.format if source.format != "auto" else detect_format(found.rows[0])
+    if fmt is None:
+        raise XtrainError(
+            f"{found.where(0)}: cannot tell the format from the columns {sorted(found.rows[0])}; set "
+            "data.sources[].format (messages, sharegpt, alpaca, prompt_completion, text) and map names in `columns`"
+        )
+    return fmt
+
+
 class Normaliser:
     """Reads rows of one source (its format, column names and role names) into chats."""
 

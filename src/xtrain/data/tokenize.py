@@ -11,16 +11,23 @@ supervised everywhere.
 from __future__ import annotations
 
 import json
-import numpy as np
+import logging
 
+import numpy as np
+import pyarrow as pa
 from jinja2.exceptions import TemplateError
 
 from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK
+from xtrain_backend_side.progress import Progress
 
 from ..errors import XtrainError
-from .formats import TEXT_ROLE
+from ..recipe import Data, content_hash
+from .formats import TEXT_ROLE, Chat
 from .templates import ChatTemplate, assistant_spans
 
+log = logging.getLogger(__name__)
+
+BATCH_ROWS = 1000
 PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
 
 
@@ -138,3 +145,43 @@ def encode_batch(batch: dict[str, list], tokenizer, template: ChatTemplate | Non
         INPUT_IDS: [ids for ids, _ in rows],
         LOSS_MASK: [[1] * len(ids) if train_on_inputs else mask for ids, mask in rows],
     }
+
+
+def tokenize_chats(chats: list[Chat], tokenizer, template: ChatTemplate | None, data: Data) -> pa.Table:
+    """input_ids and assistant_masks of every chat, in order.
+
+    One process: each batch is tokenized by the Rust tokenizer on every core already, and measured on
+    2 cores, `datasets` workers (num_proc=2) made this stage slower (bench/bench_prepare.py).
+    """
+    from datasets import Dataset, disable_progress_bars
+
+    disable_progress_bars()  # its bar redraws with carriage returns; Progress writes log lines instead
+    progress = Progress(log.info, "tokenize: chats", len(chats))
+
+    def encode_counted(batch, **settings):
+        encoded = encode_batch(batch, **settings)
+        progress.advance(len(batch["messages"]))
+        return encoded
+
+    # As JSON text: messages differ in their keys (tool calls, reasoning), which one Arrow schema would merge.
+    dataset = Dataset.from_dict({"messages": [json.dumps(c["messages"], ensure_ascii=False) for c in chats],
+                                 "tools": [c["tools"] for c in chats]})
+    encoded = dataset.map(
+        encode_counted,
+        batched=True,
+        batch_size=BATCH_ROWS,
+        remove_columns=["messages", "tools"],
+        fn_kwargs={"tokenizer": tokenizer, "template": template, "train_on_inputs": data.train_on_inputs},
+        new_fingerprint=content_hash([len(chats), data.model_dump(mode="json")])[:32],  # skip hashing the tokenizer
+    )
+    return encoded.with_format("arrow")[:]
+
+
+def encode_in_batches(tokenizer, template: ChatTemplate, chats: list[Chat]):
+    """Each chat's (input_ids, mask), in order, encoded BATCH_ROWS at a time with a progress line."""
+    progress = Progress(log.info, "tokenize: chats", len(chats))
+    for start in range(0, len(chats), BATCH_ROWS):
+        batch = chats[start : start + BATCH_ROWS]
+        encoded = list(encode_chats(tokenizer, template, [c["messages"] for c in batch], [c["tools"] for c in batch]))
+        progress.advance(len(batch))
+        yield from encoded

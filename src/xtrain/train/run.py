@@ -20,7 +20,7 @@ from typing import Any
 from xtrain_backend_side.prepared import train_split_is_packed
 
 from ..artifacts import atomic_dir, read_json, write_json
-from ..data.pipeline import CHAT_TEMPLATE_FILE
+from ..data.output import CHAT_TEMPLATE_FILE
 from ..models.hub import cached_revision
 from ..models.inference_files import base_license, model_card, write_generation_config
 from ..plan.schema import read_plan
