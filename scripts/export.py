@@ -6,6 +6,8 @@ from pathlib import Path
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
 from xtrain.artifacts import read_json
 from xtrain.export import export
+from xtrain.plan import read_plan
+from xtrain.plan.schema import JobPlan
 from xtrain.recipe import Export, Hardware, Train, trusts_remote_code
 from xtrain.stage import recipe_file, run_stage
 
@@ -22,6 +24,7 @@ run_stage(
         hardware=Hardware.model_validate(params["hardware"]),
         out=Path(snakemake.output[0]),
         trust_remote_code=trusts_remote_code(params),
+        device=read_plan(snakemake.input.job_plan, JobPlan).device_map,
     ),
     recipe_file(snakemake),
     threads=snakemake.threads,

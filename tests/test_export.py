@@ -17,7 +17,7 @@ from xtrain.data import prepare
 from xtrain.errors import RecipeError, XtrainError
 from xtrain.evaluate import evaluate
 from xtrain.export import export
-from xtrain.export.gguf_file import adds_bos, gguf_architecture
+from xtrain.export.gguf_file import adds_bos, gguf_architecture, permute_for_rope, write_gguf
 from xtrain.export.ollama import modelfile
 from xtrain.plan import make_plan, write_plan
 from xtrain.recipe import Data, DataSource, Eval, Export, Hardware, Lora, Train, parse_recipe
@@ -48,7 +48,7 @@ def trained(tiny_model, tmp_path_factory) -> dict[str, Path]:
            evaluation=evaluation, settings=Export(gguf=["f16", "bf16", "q8_0"], ollama=True), train=train,
            hardware=Hardware(), out=out)
     return {"model": tiny_model, "checkpoint": root / "checkpoint", "prepared": root / "prepared", "export": out,
-            "evaluation": evaluation}
+            "evaluation": evaluation, "train": train}
 
 
 def test_export_folder_holds_every_file(trained):
@@ -81,6 +81,93 @@ def test_the_export_card_carries_the_evaluation(trained):
     assert f"| loss | {trained['evaluation']['base_loss']:.4g} | {tuned_loss:.4g} |" in card
     assert 'from_pretrained("merged")' in card and "llama-cli -m demo-q8_0.gguf -cnv" in card
     assert "ollama create <name> -f Modelfile" in card
+
+
+def test_gguf_streamed_from_the_merged_shards_holds_the_merged_tensors(trained, tmp_path):
+    """An f32 file written from merged/ one tensor at a time holds every merged tensor under its GGUF name, the
+    q/k projections in llama.cpp's rope layout, and nothing else."""
+    import gguf
+    import numpy as np
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    merged = trained["export"] / "merged"
+    write_gguf(merged, trained["checkpoint"], tmp_path / "demo-f32.gguf", "f32", "demo", None)
+    config = AutoConfig.from_pretrained(merged)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    expected = {}
+    for hf_name, tensor in load_file(merged / "model.safetensors").items():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        role = name.split(".")[-2]
+        expected[name] = permute_for_rope(tensor.numpy(), heads[role]) if role in heads else tensor.numpy()
+    written = {tensor.name: tensor.data for tensor in gguf.GGUFReader(tmp_path / "demo-f32.gguf").tensors}
+    assert written.keys() == expected.keys()
+    for name, array in expected.items():
+        np.testing.assert_array_equal(written[name], array, err_msg=name)
+
+
+def test_an_export_without_merged_leaves_no_merged_shards(trained, tmp_path, monkeypatch):
+    """The GGUF file is streamed from scratch shards in the staging folder (several here: 1 MB each), which are gone
+    once the folder is published; it holds the same tensors and metadata as the one written beside merged/."""
+    import gguf
+
+    import xtrain.export.run as run
+
+    shard_counts = []
+    write_gguf = run.write_gguf
+    monkeypatch.setattr(run, "write_gguf", lambda merged, *args: shard_counts.append(
+        len(list(merged.glob("*.safetensors")))) or write_gguf(merged, *args))
+    exports = tmp_path / "exports"
+    summary = export(model_dir=trained["model"], checkpoint_dir=trained["checkpoint"], prepared_dir=trained["prepared"],
+                     evaluation=trained["evaluation"], settings=Export(merged=False, gguf=["q8_0"], shard_gb=0.001),
+                     train=trained["train"], hardware=Hardware(), out=exports / "demo")
+    assert shard_counts[0] > 1
+    assert set(summary["files"]) == {"demo-q8_0.gguf", "README.md"}
+    assert set(summary["seconds"]) == {"merge", "gguf_q8_0"}
+    assert sorted(path.relative_to(exports).as_posix() for path in exports.rglob("*")) == [
+        "demo", "demo/README.md", "demo/demo-q8_0.gguf", "demo/export.json"]
+    streamed, beside_merged = (gguf.GGUFReader(folder / "demo-q8_0.gguf") for folder in (exports / "demo",
+                                                                                          trained["export"]))
+    assert {t.name: t.data.tobytes() for t in streamed.tensors} == {t.name: t.data.tobytes()
+                                                                    for t in beside_merged.tensors}
+    assert {key: field.contents() for key, field in streamed.fields.items() if not key.startswith("GGUF.")} == {
+        key: field.contents() for key, field in beside_merged.fields.items() if not key.startswith("GGUF.")}
+
+
+def test_a_bf16_base_is_merged_in_bf16_and_exported_as_before(trained, tmp_path, monkeypatch):
+    """No float32 pass: the adapter is merged into the base loaded in bfloat16, merged/ holds bfloat16 weights, and
+    the export's files, export.json keys, card and Modelfile are those of the float32 export but for the dtype."""
+    import shutil
+
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    import xtrain.export.merge as merge
+
+    base = tmp_path / "base-bf16"
+    shutil.copytree(trained["model"], base)
+    AutoModelForCausalLM.from_pretrained(trained["model"], dtype=torch.bfloat16).save_pretrained(base)
+    loaded_in = []
+    load_tuned = merge.load_tuned
+    monkeypatch.setattr(merge, "load_tuned", lambda *args, **kwargs: loaded_in.append(kwargs["dtype"]) or load_tuned(
+        *args, **kwargs))
+    out = tmp_path / "exports" / "demo"
+    summary = export(model_dir=base, checkpoint_dir=trained["checkpoint"], prepared_dir=trained["prepared"],
+                     evaluation=trained["evaluation"], settings=Export(gguf=["f16", "bf16", "q8_0"], ollama=True),
+                     train=trained["train"], hardware=Hardware(), out=out)
+    assert loaded_in == ["bfloat16"]
+    with safe_open(out / "merged/model.safetensors", "pt") as weights:
+        assert {weights.get_slice(name).get_dtype() for name in weights.keys()} == {"BF16"}
+    assert json.loads((out / "merged/config.json").read_text())["dtype"] == "bfloat16"
+    before = json.loads((trained["export"] / "export.json").read_text())
+    assert summary["files"].keys() == before["files"].keys() and summary["seconds"].keys() == before["seconds"].keys()
+    for card in ("README.md", "merged/README.md"):
+        text = (out / card).read_text()
+        assert "bfloat16 weights" in text
+        assert text.replace("bfloat16 weights", "float32 weights") == (trained["export"] / card).read_text()
+    assert (out / "Modelfile").read_text() == (trained["export"] / "Modelfile").read_text()
 
 
 MERGED_VS_ADAPTER = """
@@ -308,10 +395,15 @@ def test_chat_in_a_terminal_answers_streams_resets_and_exits(trained, folder):
         expected = tokenizer.decode(merged.generate(ids, max_new_tokens=48, do_sample=False)[0, ids.shape[1]:],
                                     skip_special_tokens=True)
         assert answer and answer == expected.strip(), screen
+        assert "on cpu in fp32" in screen  # no GPU here: the CPU, in float32
         terminal.send("/reset")
         terminal.wait_for(lambda s: "(new conversation)" in s and s.count("you>") == 3)
-        terminal.send("/exit")
-        assert "CHAT-EXITED 0" in terminal.wait_for(lambda s: "CHAT-EXITED" in s)
+        if folder == "checkpoint":
+            terminal.send("/exit")
+        else:  # Ctrl-C at the prompt quits as cleanly
+            terminal.tmux("send-keys", "-t", terminal.name, "C-c")
+        screen = terminal.wait_for(lambda s: "CHAT-EXITED" in s)
+        assert "CHAT-EXITED 0" in screen and "Traceback" not in screen
     finally:
         terminal.close()
 
@@ -338,17 +430,20 @@ def test_export_rule_in_snakemake_is_stale_only_when_checkpoint_evaluation_or_ex
     project = copy_workflow(tmp_path, {"demo": EXPORTED, "plain": PLAIN})
     result = snakemake(project, "-n")
     jobs = scheduled_jobs(result.stdout + result.stderr)
-    assert ("export", "demo") in jobs and ("export", "plain") not in jobs
+    assert {("export", "demo"), ("plan_export", "demo")} <= jobs and ("export", "plain") not in jobs
+    assert ("plan_export", "plain") not in jobs
     snakemake(project, "--cores", "2", "exports/demo")
     assert {"demo-q8_0.gguf", "Modelfile", "merged", "export.json", "README.md"} <= {
         p.name for p in (project / "exports/demo").iterdir()}
     assert (project / "logs/demo/export.log").is_file() and (project / "benchmarks/demo/export.tsv").is_file()
     assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == set()
     recipe = project / "recipes/demo.yaml"
-    recipe.write_text(EXPORTED.replace("gguf: [q8_0]", "gguf: [q8_0, f16]"))
-    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == {("export", "demo")}
+    recipe.write_text(EXPORTED.replace("gguf: [q8_0]", "gguf: [q8_0, f16]"))  # re-planned: one more GGUF file
+    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == {("plan_export", "demo"),
+                                                                                ("export", "demo")}
     recipe.write_text(EXPORTED.replace("max_new_tokens: 48", "max_new_tokens: 40"))  # the card's figures change
-    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == {("evaluate", "demo"), ("export", "demo")}
+    assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == {
+        ("plan_evaluate", "demo"), ("evaluate", "demo"), ("export", "demo")}
     recipe.write_text(EXPORTED.replace("loss_improvement: {min: 0}", "loss_improvement: {min: -1}"))  # gate only
     assert scheduled_jobs(snakemake(project, "-n", "exports/demo").stdout) == set()
     recipe.write_text(EXPORTED.replace("learning_rate: 5.0e-3", "learning_rate: 2.0e-3"))

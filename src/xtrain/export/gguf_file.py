@@ -1,5 +1,11 @@
 """GGUF files of a merged model, written with the `gguf` package (llama.cpp's own writer library).
 
+A file is written from merged/'s safetensors shards, as llama.cpp's own converter reads a Hugging Face
+checkpoint: its values are the merged weights in their dtype (the base model's, or `export.dtype`), read one
+tensor at a time, converted and written, so the writer holds one shard's mapping and one tensor, never the model.
+The `gguf` writer's streaming order: every tensor's info first (name, shape, type, size, known from the shards'
+headers), then the header, the metadata and the tensor infos, then each tensor's data in the same order.
+
 Llama-family models only (Llama, Mistral: llama.cpp's `llama` architecture; Qwen2: `qwen2`); any other
 architecture is refused by name. What llama.cpp's converter does, done here with the same library:
 - tensors renamed by `gguf.TensorNameMap`; an unmapped tensor is an error, never dropped;
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 from ..errors import XtrainError
@@ -58,25 +65,21 @@ def permute_for_rope(weights, heads: int):
         weights.shape)
 
 
-def tensor_data(array, kind: str, name: str):
-    """(data, GGML type) of one tensor for the file type `kind`: 1-D in f32, q8_0 rows that do not split into
-    blocks in f16."""
+def tensor_type(shape: tuple[int, ...], kind: str, name: str):
+    """The GGML type of one tensor of `shape` in a file of type `kind`: 1-D in f32, q8_0 rows that do not split
+    into blocks in f16."""
     import gguf
-    import numpy as np
 
     types = gguf.GGMLQuantizationType
-    array = array.astype(np.float32)
-    if array.ndim == 1 or kind == "f32":
-        return array, types.F32
-    if kind == "f16":
-        return array.astype(np.float16), types.F16
-    qtype = {"bf16": types.BF16, "q8_0": types.Q8_0}[kind]
+    if len(shape) == 1 or kind == "f32":
+        return types.F32
+    qtype = {"f16": types.F16, "bf16": types.BF16, "q8_0": types.Q8_0}[kind]
     block = gguf.GGML_QUANT_SIZES[qtype][0]
-    if array.shape[-1] % block:
-        log.info("%s: rows of %d values do not split into %s blocks of %d; written as f16", name, array.shape[-1],
-                 kind, block)
-        return array.astype(np.float16), types.F16
-    return gguf.quants.quantize(array, qtype), qtype
+    if shape[-1] % block:
+        log.info("%s: rows of %d values do not split into %s blocks of %d; written as f16", name, shape[-1], kind,
+                 block)
+        return types.F16
+    return qtype
 
 
 def rope_freqs(config):
@@ -180,34 +183,63 @@ def add_tokenizer(writer, tokenizer_dir: Path, n_vocab: int, end_of_turn_id: int
         writer.add_eot_token_id(end_of_turn_id)
 
 
-def write_gguf(model, tokenizer_dir: Path, out: Path, kind: str, name: str, end_of_turn_id: int | None) -> None:
-    """Write `model` (a merged transformers model, any dtype) and the tokenizer of `tokenizer_dir` to the GGUF
-    file `out` with tensors of type `kind` (f32, f16, bf16, q8_0)."""
-    import gguf
+def shard_tensors(merged_dir: Path, config, names, kind: str) -> dict[Path, list[tuple]]:
+    """Each shard's tensors as (transformers name, GGUF name, shape, GGML type), in file order, from the shards'
+    headers only."""
+    from safetensors import safe_open
 
-    config = model.config
+    shards = {}
+    for shard in sorted(merged_dir.glob("*.safetensors")):
+        with safe_open(shard, "pt") as weights:
+            for hf_name in weights.keys():
+                if hf_name == "lm_head.weight" and config.tie_word_embeddings:
+                    continue  # llama.cpp uses token_embd when the file has no output tensor
+                gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+                if gguf_name is None:
+                    raise XtrainError(f"export.gguf: tensor {hf_name} of {config.architectures} has no GGUF name")
+                shape = tuple(weights.get_slice(hf_name).get_shape())
+                shards.setdefault(shard, []).append((hf_name, gguf_name, shape, tensor_type(shape, kind, gguf_name)))
+    return shards
+
+
+def write_gguf(merged_dir: Path, tokenizer_dir: Path, out: Path, kind: str, name: str,
+               end_of_turn_id: int | None) -> None:
+    """Write the model saved in `merged_dir` (config.json and safetensors shards, any dtype) and the tokenizer of
+    `tokenizer_dir` to the GGUF file `out` with tensors of type `kind` (f32, f16, bf16, q8_0), one tensor at a
+    time."""
+    import gguf
+    import numpy as np
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(merged_dir)
     arch_name, permute = gguf_architecture(config)
     arch = getattr(gguf.MODEL_ARCH, arch_name)
-    names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     writer = gguf.GGUFWriter(out, gguf.MODEL_ARCH_NAMES[arch])
     add_hyperparameters(writer, config, name, kind)
     add_tokenizer(writer, tokenizer_dir, config.vocab_size, end_of_turn_id)
+    computed = {}
     if (config.rope_parameters or {}).get("rope_type") == "llama3":
-        writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", rope_freqs(config))
-    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
-    for hf_name, tensor in model.state_dict().items():
-        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
-            continue  # llama.cpp uses token_embd when the file has no output tensor
-        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if gguf_name is None:
-            raise XtrainError(f"export.gguf: tensor {hf_name} of {config.architectures} has no GGUF name")
-        array = tensor.detach().float().numpy()
-        role = gguf_name.split(".")[-2]
-        if permute and role in heads:
-            array = permute_for_rope(array, heads[role])
-        data, qtype = tensor_data(array, kind, gguf_name)
-        writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+        computed[gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"] = rope_freqs(config)
+    for gguf_name, array in computed.items():
+        writer.add_tensor_info(gguf_name, array.shape, array.dtype, array.nbytes)
+    shards = shard_tensors(merged_dir, config, gguf.get_tensor_name_map(arch, config.num_hidden_layers), kind)
+    for _, gguf_name, shape, qtype in (tensor for tensors in shards.values() for tensor in tensors):
+        nbytes = math.prod(gguf.quants.quant_shape_to_byte_shape(shape, qtype))
+        writer.add_tensor_info(gguf_name, shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    # The data, in the order of the infos above.
+    for array in computed.values():
+        writer.write_tensor_data(array)
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    for shard, tensors in shards.items():
+        with safe_open(shard, "pt") as weights:  # one shard mapped at a time
+            for hf_name, gguf_name, _, qtype in tensors:
+                array = weights.get_tensor(hf_name).float().numpy()
+                role = gguf_name.split(".")[-2]
+                if permute and role in heads:
+                    array = permute_for_rope(array, heads[role])
+                writer.write_tensor_data(gguf.quants.quantize(array, qtype))
     writer.close()

@@ -1,8 +1,11 @@
 """The merged model: a checkpoint's LoRA adapter folded into the base weights (PEFT `merge_and_unload`), or a
 full fine-tune's weights as they are, written as one plain transformers folder.
 
-`merged/` holds safetensors (sharded at `export.shard_gb`), the tokenizer with the checkpoint's stock chat
-template, the checkpoint's `generation_config.json` (it already stops at the end-of-turn token) and a model card.
+The merge runs in the dtype merged/ is written in (the base model's, or `export.dtype`), never through float32,
+so it needs about the model's size in that dtype. The weights are saved as safetensors shards of at most
+`export.shard_gb`, which the GGUF writer then reads one tensor at a time. `merged/` also holds the tokenizer with
+the checkpoint's stock chat template, the checkpoint's `generation_config.json` (it already stops at the
+end-of-turn token) and a model card.
 """
 
 from __future__ import annotations
@@ -16,32 +19,27 @@ from ..models.loading import load_tuned
 log = logging.getLogger(__name__)
 
 
-def merged_model(model_dir: Path, checkpoint_dir: Path, trust_remote_code: bool = False):
-    """The tuned model as one fp32 transformers model: base + adapter merged, or the full checkpoint."""
-    model = load_tuned(model_dir, checkpoint_dir, trust_remote_code)
+def merged_model(model_dir: Path, checkpoint_dir: Path, dtype: str, device: str = "cpu",
+                 trust_remote_code: bool = False):
+    """The tuned model as one transformers model in `dtype` (a torch dtype name) on `device` ("cpu", "cuda" or
+    "auto"): base + adapter merged, or the full checkpoint."""
+    model = load_tuned(model_dir, checkpoint_dir, trust_remote_code, dtype=dtype, device=device)
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     return model.eval()
 
 
-def base_dtype(model_dir: Path, trust_remote_code: bool = False) -> str:
-    """The dtype the base model's config declares; float32 when it names none."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    dtype = getattr(config, "dtype", None)
-    return str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+def save_weights(model, out: Path, shard_gb: float) -> None:
+    """The config and the weights of `model` in `out` (which exists), safetensors shards of at most `shard_gb`."""
+    model.save_pretrained(out, max_shard_size=f"{int(shard_gb * 1000)}MB")
+    log.info("wrote %s (%s, %d parameters)", out, str(model.dtype).removeprefix("torch."), model.num_parameters())
 
 
-def save_merged(model, checkpoint_dir: Path, out: Path, dtype: str, shard_gb: float, card: str) -> None:
-    """Write the merged folder `out` (which exists) from `model`, cast to `dtype` in place."""
-    import torch
+def add_model_files(checkpoint_dir: Path, out: Path, card: str) -> None:
+    """What makes the weights in `out` a model to run: tokenizer, generation config, model card."""
     from transformers import AutoTokenizer
 
-    model.to(getattr(torch, dtype))
-    model.save_pretrained(out, max_shard_size=f"{int(shard_gb * 1000)}MB")
     AutoTokenizer.from_pretrained(checkpoint_dir).save_pretrained(out)
     # The checkpoint's generation config already lists the end-of-turn token among its eos ids.
     shutil.copyfile(checkpoint_dir / "generation_config.json", out / "generation_config.json")
     (out / "README.md").write_text(card, encoding="utf-8")
-    log.info("wrote %s (%s, %d parameters)", out, dtype, model.num_parameters())
