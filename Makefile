@@ -68,11 +68,11 @@ dvc.yaml: venv
 # peft, accelerate, pyarrow, pandas ...; no network) lacks the rest of xtrain's trl_local path: TRL, datasets and the
 # two it adds (dill, multiprocess), pydantic and its three, datasketch (prepare's near-dedupe), and, at the lock's
 # versions because older ones break xtrain there, transformers (5.24's argument names), peft, fsspec (datasets'
-# upper bound) and typing-extensions (pydantic's lower bound). Checked against envs/xtrain.lock's hashes. The folder
-# travels to the machine in a device call's `carry` (64 MiB with the rest of the tree; BENCHMARKS.md).
+# upper bound) and typing-extensions (pydantic's lower bound); and gguf, which the export stage writes with.
+# Checked against envs/xtrain.lock's hashes. The folder travels to the machine in a device call's `carry` (64 MiB with the rest of the tree; BENCHMARKS.md).
 GPU_WHEELS := bench/.gpu_wheels
 GPU_PACKAGES := trl datasets dill multiprocess pydantic pydantic-core annotated-types typing-inspection datasketch \
-	transformers peft fsspec typing-extensions
+	transformers peft fsspec typing-extensions gguf
 GPU_PYTHON_VERSION ?= 3.12
 gpu-wheels:
 	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)

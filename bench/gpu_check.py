@@ -1,25 +1,38 @@
-"""The GPU check: each backend that can train on this machine's GPU, through xtrain's library, in one table.
+"""The GPU check: each backend that can train on this machine's GPU, through xtrain's library and every stage of the
+DAG, in one table of predicted against measured.
 
     bench/gpu_check.sh                                   # on the GPU machine (installs the carried wheels first)
-    .venv/bin/python bench/gpu_check.py --device cpu --steps 2   # here: the same code path on the CPU, ~1 min
+    .venv/bin/python bench/gpu_check.py --device cpu --steps 2   # here: the same code path on the CPU, a few minutes
 
-Runs, each prepare -> plan -> `run_training` -> `check_checkpoint` (the checkpoint contract) with
-train.backend trl_local, on hardware {accelerator: cuda, gpus: 1, gpu_model: h200} (`--gpu-model`):
-- the embedded demo recipe (recipes/demo.yaml, its tiny model built offline as rule build_tiny_model builds it);
+Runs, each through the workflow's stages as its rules run them (prepare -> plan, with the evaluate and export job
+plans of `xtrain.plan.jobs` -> `run_training` and `check_checkpoint` -> `xtrain.evaluate.evaluate` on its job plan
+-> `xtrain.export.export`), with train.backend trl_local, on hardware {accelerator: cuda, gpus: 1, gpu_model: h200}
+(`--gpu-model`):
+- the embedded demo recipe (recipes/demo.yaml, its tiny model built offline as rule build_tiny_model builds it),
+  evaluated with EVAL and exported with EXPORT (a merged model and a q8_0 GGUF file: the check's one export);
 - a Qwen2.5-0.5B-shaped Llama (bench/gpu_check_plan.py's model, random weights, the demo tokenizer) on
   data/real/c4_demo.jsonl cut into blocks of exactly seq_len tokens, so every batch is as long as the plan
-  assumes: LoRA, then a full fine-tune.
-For each run the table gives the plan's predicted peak GPU memory per device (plan.json
-memory.peak_bytes_per_device), the training process's `torch.cuda.max_memory_allocated` (train_metrics.json
-peak_gpu_memory_bytes), their ratio predicted / measured (flagged outside gpu_check_plan.TOLERANCE), the train
-stage's wall time (launch, load, train, save), train_metrics.json's tokens/s (its trainer checkpoints included),
-and whether the checkpoint meets the contract. Backends that cannot run here get a row that says why. The table
-goes to stdout, row by row, logs to stderr; the exit status is 1 when a run fails, breaks the contract or misses
-the memory tolerance.
+  assumes: LoRA, then a full fine-tune, each evaluated (held-out loss: plain text has no prompts to answer).
+The table has a row per stage of a run: where it ran, its wall time (predicted: the plan's `time.seconds`), and
+memory, predicted against measured with their ratio:
+- train: plan.json `memory.peak_bytes_per_device` against the training process's `torch.cuda.max_memory_allocated`
+  (train_metrics.json `peak_gpu_memory_bytes`); its wall time is launch, load, train and save, its tokens/s
+  train_metrics.json's (trainer checkpoints included); the checkpoint checked with the contract;
+- evaluate: evaluate.json's `memory.peak_bytes_per_device` against this process's `torch.cuda.max_memory_allocated`
+  from a reset before the stage to its end; the base and tuned losses, which must be finite;
+- export: export.json's `memory.host_bytes` against the peak RSS (VmHWM) of the fresh process it runs in, imports
+  included, as the export job's; its wall time is the `export()` call, the parts export.json times beside it;
+- prepare and plan: their wall time and what they decided.
+GPU memory misses when the ratio is outside gpu_check_plan.TOLERANCE (±10%) either way, for train and evaluate
+alike; host memory is what the export job asks the scheduler for, so it misses only below the measured peak. Time is
+shown, not judged. Backends that cannot run here get a row that says why. The table goes to stdout, row by row,
+logs to stderr; the exit status is 1 when a stage fails, the checkpoint breaks the contract, a loss is not finite,
+or memory misses.
 
-`--device cpu` runs the same three runs on this machine's CPU with hardware {accelerator: cpu}: the 0.5B
-shape shrunk as the smoke stage shrinks a recipe's model (xtrain.smoke.model: same vocabulary and module
-names, two small layers) and seq_len 128. There is no GPU memory to measure; everything else is checked.
+`--device cpu` runs the same three runs through the same stages on this machine's CPU with hardware {accelerator:
+cpu}: the 0.5B shape shrunk as the smoke stage shrinks a recipe's model (xtrain.smoke.model: same vocabulary and
+module names, two small layers), seq_len 128 and CPU_EVAL_FRACTION of it held out. There is no GPU memory to
+measure; everything else is checked.
 """
 
 from __future__ import annotations
@@ -27,12 +40,15 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import math
+import multiprocessing
 import os
 import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import gpu_check_plan  # bench/: the 0.5B-shaped model and the memory tolerance
@@ -41,6 +57,10 @@ import yaml
 ROOT = gpu_check_plan.ROOT
 GIB = 2**30
 GPU_SEQ_LEN, CPU_SEQ_LEN = 1024, 128
+# On the CPU the shrunk model (the whole 0.5B vocabulary: fp32 logits of 151,936 per token) scores a batch of 8
+# held-out blocks in seconds: 9 blocks of 128 tokens, not the default fraction's 192. The GPU runs keep the default:
+# 38 blocks of 1,024 tokens, more than a batch holds, so the batch the plan sizes is the batch measured.
+CPU_EVAL_FRACTION = 0.01
 LARGE_DATA = "data/real/c4_demo.jsonl"  # plain documents: blocks of exactly seq_len tokens
 METHODS = ("lora", "full")
 # Every backend of xtrain.train.backends.REGISTRY but trl_local, with why this check does not train it (one NVIDIA GPU
@@ -56,72 +76,199 @@ NOT_RUN = {
     "torchtune": "torchtune 0.6.1 and torchao 0.11.0 are not in the image (an option: see bench/gpu_check.sh)",
     "primus": "AMD's ROCm-only stack (rocm/primus image); this machine's GPU is NVIDIA",
 }
-HEADER = ("| run | backend | steps | predicted GiB | measured GiB | ratio | seconds | tokens/s | contract ok |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+# Every run's evaluate stage: a few short answers (the check is of placement, memory and time, not of the answers).
+EVAL = {"batch_size": 8, "generations": 2, "max_new_tokens": 16}
+# The demo run's export stage, the check's one export: a merged model and one quantized GGUF file.
+EXPORT = {"merged": True, "gguf": ["q8_0"]}
+COLUMNS = ("run", "stage", "where", "memory", "predicted GiB", "measured GiB", "ratio", "predicted s", "measured s",
+           "tokens/s", "result")
+HEADER = "| " + " | ".join(COLUMNS) + " |\n|" + " --- |" * len(COLUMNS)
 
 log = logging.getLogger("gpu_check")
 
 
 @dataclass
 class Row:
-    """One line of the table; `failed` when it fails the check."""
+    """One line of the table, a stage of a run; `failed` when it fails the check."""
 
     run: str
-    backend: str
-    steps: str = "-"
+    stage: str
+    where: str = "-"
+    memory: str = "-"
     predicted: str = "-"
     measured: str = "-"
     ratio: str = "-"
+    predicted_seconds: str = "-"
     seconds: str = "-"
     tokens_per_second: str = "-"
-    contract: str = "-"
+    result: str = "-"
     failed: bool = False
 
     def markdown(self) -> str:
-        cells = (self.run, self.backend, self.steps, self.predicted, self.measured, self.ratio, self.seconds,
-                 self.tokens_per_second, self.contract)
+        cells = astuple(self)[:-1]  # the columns, in order; not `failed`
         return "| " + " | ".join(cell.replace("|", "/").replace("\n", " ") for cell in cells) + " |"
 
 
-def memory_cells(predicted: int, measured: int | None) -> dict:
-    """The table's memory cells for a run; `failed` when the prediction misses the tolerance."""
+def memory_cells(predicted: int, measured: int | None, upper_bound: bool = False) -> dict:
+    """The table's memory cells for a stage, and `failed` when the prediction misses: off by more than
+    gpu_check_plan.TOLERANCE either way, or, for an `upper_bound` (host memory, which the job asks the scheduler
+    for), below the measured peak."""
     if measured is None:
-        return {"predicted": f"{predicted / GIB:.2f}", "measured": "n/a (no GPU)", "ratio": "-"}
+        return {"predicted": f"{predicted / GIB:.2f}", "measured": "n/a (no GPU)", "ratio": "-", "failed": False}
     error = gpu_check_plan.prediction_error(predicted, measured)
-    outside = abs(error) > gpu_check_plan.TOLERANCE
-    ratio = f"{predicted / measured:.2f}" + (f" (outside ±{gpu_check_plan.TOLERANCE:.0%})" if outside else "")
-    return {"predicted": f"{predicted / GIB:.2f}", "measured": f"{measured / GIB:.2f}", "ratio": ratio,
-            "failed": outside}
+    outside = error < 0 if upper_bound else abs(error) > gpu_check_plan.TOLERANCE
+    miss = " (under the measured)" if upper_bound else f" (outside ±{gpu_check_plan.TOLERANCE:.0%})"
+    return {"predicted": f"{predicted / GIB:.2f}", "measured": f"{measured / GIB:.2f}",
+            "ratio": f"{predicted / measured:.2f}" + (miss if outside else ""), "failed": outside}
 
 
-def train_row(name: str, recipe, model_dir: Path, work: Path) -> Row:
-    """Prepare, plan and train `recipe` into `work`, check its checkpoint: the run's row."""
-    from xtrain.data import prepare
-    from xtrain.errors import XtrainError
-    from xtrain.plan import make_plan, write_plan
-    from xtrain.train.checkpoint import check_checkpoint
-    from xtrain.train.run import run_training
+def since(started: float) -> str:
+    return f"{time.perf_counter() - started:.1f}"
 
-    work.mkdir()
-    sources = [ROOT / source.path for source in recipe.data.sources]
-    manifest = prepare(sources, model_dir, recipe.data, work / "prepared")
-    plan = make_plan(model_dir, manifest, recipe.train, recipe.hardware)
-    write_plan(work / "plan.json", plan)
+
+def peak_rss() -> int:
+    """This process's peak resident memory: VmHWM, its own address space's (ru_maxrss would carry what the process
+    it was forked from held across fork and exec)."""
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:"))
+
+
+def export_job(arguments: dict) -> dict:
+    """`xtrain.export.export(**arguments)` in a fresh process, as the export job runs: its export.json summary, the
+    seconds of the call, and the process's peak RSS (its imports included, as the job's process has them)."""
+    configure_logging()
+    from xtrain.export import export
+
     started = time.perf_counter()
-    metrics = run_training(model_dir=model_dir, prepared_dir=work / "prepared", plan_path=work / "plan.json",
-                           train=recipe.train, hardware=recipe.hardware, out=work / "checkpoint",
-                           work_dir=work / "runs")
-    seconds = time.perf_counter() - started
-    try:
-        check_checkpoint(work / "checkpoint", recipe.train.backend)
-        contract, broken = "ok", False
-    except XtrainError as exc:
-        contract, broken = f"no: {exc}", True
-    speed = metrics["tokens_per_second"]
-    cells = {"steps": str(metrics["steps"]), "seconds": f"{seconds:.1f}",
-             "tokens_per_second": f"{speed:,.0f}" if speed else "-", "contract": contract,
-             **memory_cells(plan.memory.peak_bytes_per_device, metrics["peak_gpu_memory_bytes"])}
-    return Row(name, recipe.train.backend, **{**cells, "failed": broken or cells.get("failed", False)})
+    summary = export(**arguments)
+    return {"summary": summary, "seconds": since(started), "peak_rss_bytes": peak_rss()}
+
+
+class DagRun:
+    """One recipe through the workflow's stages in `work`, each as its rule runs it and reading what the stage before
+    it wrote (prepared/, plan.json, evaluate.json and export.json, the checkpoint, eval.json): one row per stage."""
+
+    def __init__(self, name: str, recipe, model_dir: Path, work: Path):
+        self.name, self.recipe, self.model_dir, self.work = name, recipe, model_dir, work
+        self.gpu = recipe.hardware.accelerator != "cpu"
+        self.manifest: dict = {}
+
+    def rows(self):
+        """Each stage's row, in order; a stage that raises gives a failed row, and the stages after it do not run."""
+        stages = [self.prepare, self.plan, self.train, self.evaluate] + ([self.export] if self.recipe.export else [])
+        self.work.mkdir()
+        for stage in stages:
+            try:
+                yield stage()
+            except Exception as exc:  # every failure is a finding of the check
+                yield failed_row(self.name, stage.__name__, exc)
+                return
+
+    def prepare(self) -> Row:
+        from xtrain.data import prepare
+
+        started = time.perf_counter()
+        sources = [ROOT / source.path for source in self.recipe.data.sources]
+        self.manifest = prepare(sources, self.model_dir, self.recipe.data, self.work / "prepared")
+        splits = self.manifest["splits"]
+        return Row(self.name, "prepare", "cpu", seconds=since(started),
+                   result=f"ok: {splits['train']['rows']} train, {splits['eval']['rows']} eval rows")
+
+    def plan(self) -> Row:
+        """plan.json, then the jobs after training: rules plan, plan_evaluate and plan_export."""
+        from xtrain.plan import make_plan, write_plan
+        from xtrain.plan.jobs import plan_evaluate, plan_export
+
+        recipe, started = self.recipe, time.perf_counter()
+        plan = make_plan(self.model_dir, self.manifest, recipe.train, recipe.hardware)
+        write_plan(self.work / "plan.json", plan)
+        write_plan(self.work / "evaluate.json",
+                   plan_evaluate(plan, self.manifest, recipe.eval, recipe.hardware, self.model_dir))
+        if recipe.export:
+            write_plan(self.work / "export.json", plan_export(plan, recipe.export, recipe.hardware, self.model_dir))
+        layout = plan.layout
+        return Row(self.name, "plan", "cpu", seconds=since(started),
+                   result=f"ok: micro-batch {layout.micro_batch_size} x {layout.gradient_accumulation_steps}, "
+                          f"{plan.precision}, checkpointing {'on' if plan.gradient_checkpointing else 'off'}")
+
+    def train(self) -> Row:
+        """The checkpoint, checked with the contract; memory: the training process's max_memory_allocated."""
+        from xtrain.errors import XtrainError
+        from xtrain.plan import read_plan
+        from xtrain.train.checkpoint import check_checkpoint
+        from xtrain.train.run import run_training
+
+        recipe, plan = self.recipe, read_plan(self.work / "plan.json")
+        started = time.perf_counter()
+        metrics = run_training(model_dir=self.model_dir, prepared_dir=self.work / "prepared",
+                               plan_path=self.work / "plan.json", train=recipe.train, hardware=recipe.hardware,
+                               out=self.work / "checkpoint", work_dir=self.work / "runs")
+        seconds = since(started)
+        try:
+            check_checkpoint(self.work / "checkpoint", recipe.train.backend)
+            result, broken = f"ok: contract, {metrics['steps']} steps", False
+        except XtrainError as exc:
+            result, broken = f"no: {exc}", True
+        speed = metrics["tokens_per_second"]
+        row = Row(self.name, "train", f"{recipe.train.backend}, {recipe.hardware.accelerator}, {plan.precision}",
+                  self.memory_kind(), predicted_seconds=f"{plan.time.seconds:.1f}", seconds=seconds,
+                  tokens_per_second=f"{speed:,.0f}" if speed else "-", result=result,
+                  **memory_cells(plan.memory.peak_bytes_per_device, metrics["peak_gpu_memory_bytes"]))
+        row.failed |= broken
+        return row
+
+    def evaluate(self) -> Row:
+        """eval.json on the job plan's device and precision; memory: this process's max_memory_allocated over it."""
+        import torch
+
+        from xtrain.evaluate import evaluate
+        from xtrain.plan import read_plan
+        from xtrain.plan.schema import JobPlan
+
+        job = read_plan(self.work / "evaluate.json", JobPlan)
+        if self.gpu:
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        metrics = evaluate(self.model_dir, self.work / "checkpoint", self.work / "prepared", self.recipe.eval,
+                           self.work / "eval.json", job=job)
+        seconds = since(started)
+        peak = None
+        if self.gpu:
+            peak = torch.cuda.max_memory_allocated()
+            torch.cuda.empty_cache()  # what this process cached, the next run's training process needs
+        losses = metrics["base_loss"], metrics["tuned_loss"]
+        finite = all(map(math.isfinite, losses))
+        row = Row(self.name, "evaluate", f"{job.device_map}, {job.precision}, batch {job.batch_size}",
+                  self.memory_kind(), predicted_seconds=f"{job.time.seconds:.1f}", seconds=seconds,
+                  result=f"{'ok' if finite else 'no'}: loss base {losses[0]:.3f}, tuned {losses[1]:.3f}",
+                  **memory_cells(job.memory.peak_bytes_per_device, peak))
+        row.failed |= not finite
+        return row
+
+    def export(self) -> Row:
+        """exports/<run>/ in a process of its own, on the device its plan places it (the CPU); memory: that process's
+        peak RSS against the plan's host memory, an upper bound."""
+        from xtrain.artifacts import read_json
+        from xtrain.plan import read_plan
+        from xtrain.plan.schema import JobPlan
+
+        job, recipe = read_plan(self.work / "export.json", JobPlan), self.recipe
+        arguments = {"model_dir": self.model_dir, "checkpoint_dir": self.work / "checkpoint",
+                     "prepared_dir": self.work / "prepared", "evaluation": read_json(self.work / "eval.json"),
+                     "settings": recipe.export, "train": recipe.train, "hardware": recipe.hardware,
+                     "out": self.work / "exports" / self.work.name, "device": job.device_map}
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            done = pool.submit(export_job, arguments).result()
+        files, parts = done["summary"]["files"], done["summary"]["seconds"]
+        made = [name for name in files if name.endswith(".gguf")] + (["merged/"] if recipe.export.merged else [])
+        return Row(self.name, "export", f"{job.device}, {job.precision}", "host RSS",
+                   predicted_seconds=f"{job.time.seconds:.1f}", seconds=done["seconds"],
+                   result=f"ok: {', '.join(made)} ({sum(files.values()) / 2**20:.1f} MiB in {len(files)} files; "
+                          f"its parts {sum(parts.values()):.1f} s of export.json)",
+                   **memory_cells(job.memory.host_bytes, done["peak_rss_bytes"], upper_bound=True))
+
+    def memory_kind(self) -> str:
+        return "GPU" if self.gpu else "host"
 
 
 def hardware(args) -> dict:
@@ -131,25 +278,30 @@ def hardware(args) -> dict:
 
 
 def demo_recipe(args):
-    """recipes/demo.yaml on trl_local and this check's hardware, for `args.steps` steps, each one logged."""
+    """recipes/demo.yaml on trl_local and this check's hardware, for `args.steps` steps, each one logged; evaluated
+    with EVAL and exported with EXPORT."""
     from xtrain.recipe import load_recipe, parse_recipe
 
     recipe = load_recipe(ROOT / "recipes" / "demo.yaml").model_dump(mode="json")
     recipe["train"] |= {"backend": "trl_local", "max_steps": args.steps, "logging_steps": 1}
-    return parse_recipe({**recipe, "hardware": hardware(args)}, "recipes/demo.yaml as the GPU check runs it")
+    return parse_recipe({**recipe, "hardware": hardware(args), "eval": EVAL, "export": EXPORT},
+                        "recipes/demo.yaml as the GPU check runs it")
 
 
 def large_recipe(args, method: str):
-    """The 0.5B-shaped run: c4 documents in blocks of seq_len tokens, `args.steps` steps of 8 sequences."""
+    """The 0.5B-shaped run: c4 documents in blocks of seq_len tokens, `args.steps` steps of 8 sequences; evaluated
+    with EVAL's batch (held-out loss only), not exported."""
     from xtrain.recipe import parse_recipe
 
-    seq_len = CPU_SEQ_LEN if args.device == "cpu" else GPU_SEQ_LEN
+    cpu = args.device == "cpu"
+    data = {"sources": [{"path": LARGE_DATA, "format": "text"}], "seq_len": CPU_SEQ_LEN if cpu else GPU_SEQ_LEN}
     return parse_recipe({
         "model": {"path": "built by bench/gpu_check.py"},
-        "data": {"sources": [{"path": LARGE_DATA, "format": "text"}], "seq_len": seq_len},
+        "data": data | ({"eval_fraction": CPU_EVAL_FRACTION} if cpu else {}),
         "train": {"backend": "trl_local", "method": method, "global_batch_size": 8, "max_steps": args.steps,
                   "learning_rate": 1e-4, "logging_steps": 1},
         "hardware": hardware(args),
+        "eval": EVAL | {"generations": 0},  # plain text has no prompts to answer: evaluate refuses generations
     }, f"the GPU check's 0.5B-shaped {method} recipe")
 
 
@@ -180,29 +332,28 @@ def large_model(args, tokenizer_dir: Path, work: Path) -> tuple[str, Path]:
     return "0.5B-shaped, shrunk", work / "shrunk"
 
 
-def failed_row(name: str, exc: Exception) -> Row:
-    """A run that raised: its row says how, the log has the traceback."""
-    log.error("%s failed:\n%s", name, "".join(traceback.format_exception(exc)))
-    return Row(name, "trl_local", contract=f"failed: {type(exc).__name__}: {exc}"[:300], failed=True)
+def failed_row(name: str, stage: str, exc: Exception) -> Row:
+    """A stage that raised: its row says how, the log has the traceback."""
+    log.error("%s, %s failed:\n%s", name, stage, "".join(traceback.format_exception(exc)))
+    return Row(name, stage, result=f"failed: {type(exc).__name__}: {exc}"[:300], failed=True)
 
 
 def checked_runs(args, work: Path):
-    """Each run's row, in order: a run that raises gives a failed row, and the next one still runs."""
+    """Each run's rows, stage by stage: a run that raises gives a failed row, and the next run still runs."""
     tiny = work / "tiny-llama"
     try:
-        yield train_row("demo (tiny), lora", demo_recipe(args), tiny_model(tiny), work / "demo")
+        demo = DagRun("demo (tiny), lora", demo_recipe(args), tiny_model(tiny), work / "demo")
     except Exception as exc:  # every failure is a finding of the check
-        yield failed_row("demo (tiny), lora", exc)
+        yield failed_row("demo (tiny), lora", "model", exc)
+    else:
+        yield from demo.rows()
     try:
         name, model_dir = large_model(args, tiny, work)
     except Exception as exc:
-        yield from (failed_row(f"0.5B-shaped, {method}", exc) for method in METHODS)
+        yield from (failed_row(f"0.5B-shaped, {method}", "model", exc) for method in METHODS)
         return
     for method in METHODS:
-        try:
-            yield train_row(f"{name}, {method}", large_recipe(args, method), model_dir, work / method)
-        except Exception as exc:
-            yield failed_row(f"{name}, {method}", exc)
+        yield from DagRun(f"{name}, {method}", large_recipe(args, method), model_dir, work / method).rows()
 
 
 def not_run_rows() -> list[Row]:
@@ -211,7 +362,7 @@ def not_run_rows() -> list[Row]:
     unlisted = set(REGISTRY) - set(NOT_RUN) - {"trl_local"}
     if unlisted:  # a new backend must be run here or say why not
         raise SystemExit(f"bench/gpu_check.py: backends {sorted(unlisted)} are neither run nor listed in NOT_RUN")
-    return [Row(f"not run: {reason}", backend) for backend, reason in NOT_RUN.items()]
+    return [Row(f"not run: {reason}", "train", backend) for backend, reason in NOT_RUN.items()]
 
 
 def environment(args) -> str:
@@ -227,6 +378,12 @@ def environment(args) -> str:
     return f"{device}, Python {sys.version.split()[0]}, {listed}; {planned}, {args.steps} steps per run"
 
 
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    for name in ("xtrain", "gpu_check"):
+        logging.getLogger(name).setLevel(logging.INFO)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -235,9 +392,7 @@ def main() -> int:
     # The trainer saves a checkpoint every steps // 4 steps (backends/trl.py): 8 steps save 4, as a longer run does.
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    for name in ("xtrain", "gpu_check"):
-        logging.getLogger(name).setLevel(logging.INFO)
+    configure_logging()
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The GPU check in one call on the machine with one NVIDIA GPU (issue 19): installs the carried wheels beside the
-# image's own packages, runs bench/gpu_check.py (the demo and a 0.5B-shaped recipe on trl_local, each checkpoint
-# checked with the contract, the plan's memory against torch.cuda.max_memory_allocated) and prints its Markdown
-# table, also into $OUT/gpu_check.md (and the log into $OUT/gpu_check.log) when $OUT is set.
+# The GPU check in one call on the machine with one NVIDIA GPU (issues 19, 34): installs the carried wheels beside the
+# image's own packages, runs bench/gpu_check.py (the demo and a 0.5B-shaped recipe on trl_local through every stage:
+# prepare, plan, train with the checkpoint checked by the contract, evaluate on its job plan, and for the demo export;
+# each stage's time and memory against its plan) and prints its Markdown table, also into $OUT/gpu_check.md (and the
+# log into $OUT/gpu_check.log) when $OUT is set.
 #
 #   make gpu-wheels                  # here, once: bench/.gpu_wheels (~19 MiB; the tree travels with it, 64 MiB in all)
 #   device run, carry ["bench/.gpu_wheels"], timeout_s 600:  bash bench/gpu_check.sh
-#   bash bench/gpu_check.sh --device cpu --steps 2    # the plumbing on a CPU, from a Python that lacks the wheels' packages
+#   bash bench/gpu_check.sh --device cpu --steps 2   # the plumbing on a CPU, from a Python lacking the wheels' packages
 #
 # Arguments go to bench/gpu_check.py. The image's python3 keeps its torch 2.11, transformers 5.17 and the rest
 # untouched: the wheels go into their own folder, first on PYTHONPATH, so xtrain sees transformers 5.24 and TRL 1.16
-# there. Exit status: gpu_check.py's (1: a run failed, broke the contract or missed the memory tolerance), 2 when
+# there. Exit status: gpu_check.py's (1: a stage failed, broke the contract or missed its memory), 2 when
 # the wheels cannot be installed, 124 when the run passes GPU_CHECK_SECONDS (default 480: the call's 10 minutes
 # leave room for the machine's start and the transfers); the table so far is printed in every case.
 #
