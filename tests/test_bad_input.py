@@ -10,6 +10,8 @@ tests/test_robustness.py drives a few of them through real `snakemake`.
 from __future__ import annotations
 
 import copy
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,8 @@ GOOD = {
     "hardware": {"accelerator": "cpu", "gpus": 0},
 }
 CHAT = '{"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}\n'
+PLAIN_TASK = "task: t\ndataset_path: json\noutput_type: generate_until\ndoc_to_text: '{{question}}'\n"
+EVIL_TASK = PLAIN_TASK + "process_docs: !function evil.process_docs\n"
 
 
 def merged(base: dict, changes: dict) -> dict:
@@ -45,8 +49,14 @@ def merged(base: dict, changes: dict) -> dict:
 def project(tmp_path_factory) -> Path:
     """A project with a model folder, a data file, and, beside it, a model and data outside the project."""
     root = tmp_path_factory.mktemp("project")
-    (root / "models/base").mkdir(parents=True)
-    (root / "models/base/config.json").write_text("{}")
+    for name in ("base", "no-tokenizer", "pickled", "custom", "linked"):
+        (root / "models" / name).mkdir(parents=True)
+        (root / "models" / name / "config.json").write_text("{}")
+        if name != "no-tokenizer":
+            (root / "models" / name / "tokenizer.json").write_text("{}")
+    (root / "models/pickled/pytorch_model.bin").write_bytes(b"pickle")
+    (root / "models/custom/config.json").write_text(json.dumps(
+        {"model_type": "xtrain_custom", "auto_map": {"AutoModelForCausalLM": "custom.CustomForCausalLM"}}))
     (root / "data").mkdir()
     (root / "data/chat.jsonl").write_text(CHAT)
     (root / "data/unreadable.jsonl").write_text('{"messages": [{"role": "human", "content": "Hi"}]}\n')
@@ -55,8 +65,22 @@ def project(tmp_path_factory) -> Path:
     outside = root.parent / f"{root.name}-outside"
     (outside / "model").mkdir(parents=True)
     (outside / "model/config.json").write_text("{}")
+    (outside / "model/tokenizer.json").write_text("{}")
+    (outside / "model/model.safetensors").write_bytes(b"weights")
     (outside / "chat.jsonl").write_text(CHAT)
     (root / "data/linked.jsonl").symlink_to(outside / "chat.jsonl")
+    # Folders inside the project whose files link outside it: a model's weights, a saved dataset's rows.
+    (root / "models/linked/model.safetensors").symlink_to(outside / "model/model.safetensors")
+    (root / "data/saved").mkdir()
+    (root / "data/saved/dataset_info.json").write_text("{}")
+    (root / "data/saved/data-00000-of-00001.arrow").symlink_to(outside / "chat.jsonl")
+    # lm-eval task folders: one that imports Python (which leaves a mark), one of plain data, and the first's twin
+    # outside the project.
+    for tasks in (root / "tasks/evil", root / "tasks/plain", outside / "tasks"):
+        tasks.mkdir(parents=True)
+        (tasks / "t.yaml").write_text(EVIL_TASK if "plain" not in str(tasks) else PLAIN_TASK)
+        (tasks / "evil.py").write_text(f"open({str(root / 'pwned')!r}, 'w').write('ran')\n"
+                                       "def process_docs(docs):\n    return docs\n")
     return root
 
 
@@ -108,7 +132,7 @@ BAD_RECIPES = [
     ("trust-remote-code-as-text", "r", {"model": {"trust_remote_code": "yes"}}, "model.trust_remote_code",
      "valid boolean"),
     ("model-path-missing", "r", {"model": {"path": "models/nosuch"}}, "model.path", "not a model folder"),
-    ("model-path-not-a-model", "r", {"model": {"path": "data"}}, "model.path", "no config.json there"),
+    ("model-path-not-a-model", "r", {"model": {"path": "recipes"}}, "model.path", "no config.json there"),
     ("model-path-escapes-with-dotdot", "r", {"model": {"path": "../{outside}/model"}}, "model.path",
      "add its folder to `allowed_paths`"),
     ("model-path-absolute-outside", "r", {"model": {"path": "{outside_abs}/model"}}, "model.path",
@@ -117,6 +141,23 @@ BAD_RECIPES = [
      "data.sources[0].path", "add its folder to `allowed_paths`"),
     ("data-path-symlink-outside", "r", {"data": {"sources": [{"path": "data/linked.jsonl"}]}},
      "data.sources[0].path", "outside the project"),
+    ("model-file-links-outside", "r", {"model": {"path": "models/linked"}}, "model.path 'models/linked' holds "
+     "model.safetensors", "outside the project"),
+    ("saved-dataset-file-links-outside", "r", {"data": {"sources": [{"path": "data/saved"}]}},
+     "data.sources[0].path 'data/saved' holds data-00000-of-00001.arrow", "outside the project"),
+    ("lm-eval-tasks-outside", "r", {"eval": {"lm_eval": {"tasks": ["t"], "include_path": "{outside_abs}/tasks"}}},
+     "eval.lm_eval.include_path", "outside the project"),
+    ("lm-eval-task-imports-python", "r", {"eval": {"lm_eval": {"tasks": ["t"], "include_path": "tasks/evil"}}},
+     "eval.lm_eval.include_path 'tasks/evil'", "(t.yaml:5: tag !function): remove that, or set "
+     "eval.lm_eval.trust_code: true"),
+    ("lm-eval-trust-code-as-text", "r", {"eval": {"lm_eval": {"tasks": ["t"], "trust_code": "yes"}}},
+     "eval.lm_eval.trust_code", "valid boolean"),
+    ("model-without-tokenizer", "r", {"model": {"path": "models/no-tokenizer"}}, "model.path: "
+     "{project}/models/no-tokenizer has no tokenizer files", "copy the base model's tokenizer"),
+    ("model-pickle-only", "r", {"model": {"path": "models/pickled"}}, "models/pickled/pytorch_model.bin holds pickled",
+     "writes model.safetensors"),
+    ("model-custom-architecture", "r", {"model": {"path": "models/custom"}}, "model.trust_remote_code: ",
+     "set model.trust_remote_code: true"),
     ("data-rows-do-not-parse", "r", {"data": {"sources": [{"path": "data/unreadable.jsonl"}]}},
      "data/unreadable.jsonl:1: field `messages[0].role`", "map others with data.sources[].roles"),
     ("preference-data-in-sft-recipe", "r", {"data": {"sources": [{"path": "data/pairs.jsonl"}]}},
@@ -136,7 +177,7 @@ BAD_RECIPES = [
                          ids=[c[0] for c in BAD_RECIPES])
 def test_bad_recipe_is_refused_before_any_job(project, name, content, field, fix):
     outside = f"{project.name}-outside"
-    subst = {"{outside}": outside, "{outside_abs}": str(project.parent / outside)}
+    subst = {"{outside}": outside, "{outside_abs}": str(project.parent / outside), "{project}": str(project)}
     text = content if isinstance(content, str) else yaml.safe_dump(merged(GOOD, content), sort_keys=False)
     for key, value in subst.items():
         text = text.replace(key, value)
@@ -150,6 +191,8 @@ def test_bad_recipe_is_refused_before_any_job(project, name, content, field, fix
         path.unlink()
     message = str(info.value)
     assert str(path) in message, message
+    for key, value in subst.items():
+        field = field.replace(key, value)
     assert field in message, message
     assert fix in message, message
     assert not (project / "pwned").exists() and not Path("pwned").exists()
@@ -218,3 +261,32 @@ def test_lora_target_matching_no_module_stops_at_the_plan_naming_the_field(tiny_
     message = str(info.value)
     assert "train.lora.target_modules: ['qkv'] match no module of the model" in message
     assert "q_proj" in message, "it lists the module names the model has"
+
+
+def test_a_batch_larger_than_the_training_rows_stops_at_the_plan(tiny_model):
+    from xtrain.plan import make_plan
+    from xtrain.recipe import Hardware, Train
+
+    manifest = {"splits": {"train": {"rows": 352, "tokens": 352 * 40, "max_len": 100}}, "seq_len": 128}
+    with pytest.raises(XtrainError, match=r"train.global_batch_size 100000 is larger than the 352 training rows: .*"
+                                          r"set it to at most 352"):
+        make_plan(tiny_model, manifest, Train(global_batch_size=100000), Hardware())
+
+
+@pytest.mark.parametrize(("config_change", "field", "what"), [
+    ({"architectures": ["MixtralForCausalLM"]}, "export.gguf", "MixtralForCausalLM"),
+    ({"vocab_size": 10}, "export.gguf", "tokens, more than the model's 10 embedding rows"),
+], ids=["architecture-gguf-cannot-write", "tokenizer-larger-than-embedding"])
+def test_what_a_gguf_export_needs_is_checked_at_preflight(tiny_model, tmp_path, config_change, field, what):
+    shutil.copytree(tiny_model, tmp_path / "models/base")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/chat.jsonl").write_text(CHAT)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(merged(GOOD, {"export": {"gguf": ["q8_0"]}})))
+    preflight(path, tmp_path)
+    config = tmp_path / "models/base/config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), **config_change}))
+    with pytest.raises(RecipeError) as info:
+        preflight(path, tmp_path)
+    message = str(info.value)
+    assert str(path) in message and field in message and what in message, message

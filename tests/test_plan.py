@@ -257,7 +257,7 @@ def test_plan_carries_the_data_summary(model_dir):
 
 @pytest.mark.parametrize(
     ("rows", "global_batch", "epochs"),
-    [(100, 8, 1), (96, 8, 3), (100, 8, 3), (7, 8, 1), (1000, 16, 0.5), (50, 4, 2.5)],
+    [(100, 8, 1), (96, 8, 3), (100, 8, 3), (9, 8, 1), (1000, 16, 0.5), (50, 4, 2.5)],
 )
 def test_steps_follow_rows_batch_and_epochs(model_dir, rows, global_batch, epochs):
     plan = make_plan(model_dir, manifest(rows=rows), Train(global_batch_size=global_batch, epochs=epochs), Hardware())

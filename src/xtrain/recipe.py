@@ -30,6 +30,14 @@ PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 
 
+class ProjectPath:
+    """Marks a recipe field that names a local file or folder: `paths.check_recipe_paths` confines every field so
+    marked (the folder and each file inside it), so a new path field declares itself and cannot skip the check."""
+
+
+LocalPath = Annotated[str | None, ProjectPath()]
+
+
 class Section(BaseModel):
     # A NaN or infinite number (YAML's .nan, .inf) is never a meaningful setting.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -54,7 +62,7 @@ class Located(Section):
 class Model(Located):
     """The base model to fine-tune: a local Hugging Face folder (config, tokenizer, weights), or a hub id."""
 
-    path: str | None = Field(
+    path: LocalPath = Field(
         description="Folder with config.json, tokenizer and weights, relative to the project (folders outside it "
         "only when config/config.yaml lists them in `allowed_paths`); null with `hub`."
     )
@@ -106,7 +114,7 @@ CHAT_TEMPLATES = ("tokenizer", "chatml", *CHAT_TEMPLATE_FAMILIES)
 class DataSource(Located):
     """One dataset: a local file or folder, or a hub id; its row format and how its names map to ours."""
 
-    path: str | None = Field(
+    path: LocalPath = Field(
         description="Local .json (array), .jsonl, .csv, .parquet, .txt or .md file, or a `datasets.save_to_disk` "
         "folder, "
         "relative to the project; null with `hub`.",
@@ -490,8 +498,16 @@ class LmEval(Section):
     `<base|tuned>_lm_<task>_<metric>`."""
 
     tasks: list[str] = Field(min_length=1, description="Task names: the harness's own, or defined in `include_path`.")
-    include_path: str | None = Field(
+    include_path: LocalPath = Field(
         None, description="Folder of local task YAML files (with local data files: works offline), relative to the project."
+    )
+    # Strict, as model.trust_remote_code: only a YAML true.
+    trust_code: bool = Field(
+        False,
+        strict=True,
+        description="Let the task YAMLs of `include_path` run Python (`!function`, `class`, an `include` from outside "
+        "the folder) and render their templates outside the Jinja sandbox. Off unless set; when set, a warning is "
+        "logged and eval.json records it.",
     )
     limit: PositiveInt | None = Field(None, description="Score only the first this many examples of each task.")
     num_fewshot: int | None = Field(None, ge=0, description="Few-shot examples; null: each task's default.")

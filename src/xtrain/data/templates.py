@@ -64,9 +64,12 @@ def resolve(tokenizer, name: str, model_dir: Path, masked: bool = True) -> ChatT
         if not stock:
             raise XtrainError(f"{model_dir}: the tokenizer has no chat template; name one in data.chat_template "
                               f"({', '.join(TEMPLATE_NAMES[1:])})")
-        label = f"{model_dir}: the tokenizer's chat template"
+        held_in = next((Path(model_dir, name) for name in ("chat_template.jinja", "tokenizer_config.json")
+                        if Path(model_dir, name).is_file()), model_dir)
+        label = f"{held_in}: the tokenizer's chat template"
     else:
         stock, label = (CHATML_TEMPLATE if name == "chatml" else trl_template(name)), f"data.chat_template {name!r}"
+        label += "" if name == "chatml" else f" (TRL's chat_templates/{name}.jinja)"
     if GENERATION_BLOCK.search(stock):
         return ChatTemplate(stock, stock, "generation blocks", label)
     if not masked:

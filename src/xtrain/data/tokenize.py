@@ -15,7 +15,7 @@ import logging
 
 import numpy as np
 import pyarrow as pa
-from jinja2.exceptions import TemplateError
+from jinja2.exceptions import SecurityError, TemplateError
 
 from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK
 from xtrain_backend_side.progress import Progress
@@ -56,6 +56,10 @@ def encode_chats(tokenizer, template: ChatTemplate, chats: list[list[dict]], too
     for messages, row_tools in zip(chats, tools, strict=True):
         try:
             text, generation = render_spans(tokenizer, template, messages, json.loads(row_tools) if row_tools else None)
+        except SecurityError as exc:  # the template, not the row, reached for something the sandbox forbids
+            raise XtrainError(f"{template.label} does something the Jinja sandbox refuses ({exc}): the template is at "
+                              "fault, not the data; fix that template, or choose another in data.chat_template"
+                              ) from None
         except TemplateError as exc:  # the template's own refusal (`raise_exception`), e.g. roles it does not know
             first = next((m["content"] for m in messages if m["role"] == "user"), "")[:60]
             raise XtrainError(f"{template.label} cannot render the chat that begins {first!r}: {exc}. Remove such "

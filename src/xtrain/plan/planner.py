@@ -133,6 +133,11 @@ def make_plan(
     if manifest.get("data_kind", "chats") != DATA_KINDS[train.objective]:
         raise XtrainError(f"the prepared data holds {manifest.get('data_kind', 'chats')}, train.objective "
                           f"{train.objective} trains on {DATA_KINDS[train.objective]}: re-run prepare")
+    if train.global_batch_size > data["rows"]:
+        # An error, not a clamp: a smaller batch changes the optimisation (its learning rate, steps) the recipe chose.
+        raise XtrainError(f"train.global_batch_size {train.global_batch_size} is larger than the {data['rows']} "
+                          f"training rows: no step could hold it; set it to at most {data['rows']} (a multiple of the "
+                          "devices), and the learning rate to suit")
     sequences = data.get("sequences_per_row", 1) + (train.objective == "kto")  # KTO adds a KL pairing per answer
     planner = Planner(model_dir, train, hardware, params, trust_remote_code=trust_remote_code, sequences=sequences,
                       reference=first_reference(train), packed=bool(manifest.get("packing")))

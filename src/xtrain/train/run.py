@@ -7,13 +7,17 @@ chat template, `generation_config.json` that stops at the end of turn, a model c
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import json
 import logging
+import os
 import resource
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ from xtrain_backend_side.prepared import train_split_is_packed
 
 from ..artifacts import atomic_dir, read_json, write_json
 from ..data.output import CHAT_TEMPLATE_FILE
+from ..errors import XtrainError
 from ..models.hub import cached_revision
 from ..models.inference_files import base_license, model_card, write_generation_config
 from ..plan.schema import read_plan
@@ -32,6 +37,7 @@ from .backends.guards import last_complete_checkpoint
 
 log = logging.getLogger(__name__)
 
+LOCK_FILE = "train.lock"
 PACKAGES = ("xtrain", "torch", "transformers", "trl", "peft", "datasets", "accelerate")
 
 
@@ -93,6 +99,27 @@ def sort_adapter_targets(checkpoint: Path) -> None:
             config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+@contextmanager
+def one_trainer(work_dir: Path) -> Iterator[None]:
+    """Hold an exclusive `flock` on the run folder's lock file (runs/<recipe>/train.lock), which names the holder's
+    PID: a second trainer of the same recipe (say after `snakemake --unlock`) would resume from and overwrite the
+    live one's trainer checkpoints, so it is refused; the kernel drops the lock of a process that dies."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with (work_dir / LOCK_FILE).open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise XtrainError(f"{work_dir} is in use by a trainer that is still running (PID {holder}): wait for it "
+                              "to finish, or stop it (Snakemake's --unlock does not)") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield
+
+
 def run_training(
     *,
     model_dir: Path,
@@ -107,54 +134,58 @@ def run_training(
     backend = registry.check(train.backend, train, hardware, packed=train_split_is_packed(prepared_dir))
     if trust_remote_code:
         log.warning("model.trust_remote_code is set: the Python code in %s runs in this process", model_dir)
-    plan = read_plan(plan_path)
-    prepared = read_json(prepared_dir / "manifest.json")
-    data_fingerprint = prepared["fingerprint"]
-    recipe_hash = content_hash({"train": train.model_dump(mode="json"), "hardware": hardware.model_dump(mode="json")})
-    plan_hash = hashlib.sha256(plan_path.read_bytes()).hexdigest()
-    # Trainer checkpoints of an interrupted run are resumed only by the very same run.
-    run_dir = work_dir / content_hash([recipe_hash, plan_hash, data_fingerprint, str(model_dir)])[:16]
-    resume_from = last_complete_checkpoint(run_dir)
-    if resume_from:
-        log.info("resuming an interrupted run from %s", resume_from)
-    with atomic_dir(out) as staging:
-        job = TrainJob(model_dir, prepared_dir, plan, train, hardware, staging, run_dir, resume_from, trust_remote_code)
-        tracking.start(job)
-        result = backend.run(job)
-        # Whatever the backend saved, the checkpoint's template is the one the data was rendered with.
-        template = prepared_dir / CHAT_TEMPLATE_FILE
-        if template.is_file():
-            shutil.copyfile(template, staging / CHAT_TEMPLATE_FILE)
-        sort_adapter_targets(staging)
-        metrics = train_metrics(result)
-        write_json(staging / "train_metrics.json", metrics)
-        write_generation_config(model_dir, staging, prepared.get("end_of_turn"), trust_remote_code)
-        (staging / "README.md").write_text(model_card(
-            recipe=out.name, base_model=str(model_dir), backend=train.backend,
-            train=train.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"), data=prepared,
-            metrics=metrics, license_=base_license(model_dir),
-        ), encoding="utf-8")
-        write_json(
-            staging / "manifest.json",
-            {
-                "backend": train.backend,
-                "method": train.method,
-                "base_model": str(model_dir),
-                # The commit of a hub model's cached snapshot: a rebuild with the same revision uses the same weights.
-                "base_model_revision": cached_revision(model_dir),
-                "trust_remote_code": trust_remote_code,
-                # Only the sections that shape training reach this stage; the hash covers them.
-                "recipe_hash": recipe_hash,
-                "recipe_hash_sections": ["train", "hardware"],
-                "data_fingerprint": data_fingerprint,
-                "plan_hash": plan_hash,
-                "packages": package_versions(),
-                "git_commit": git_commit(Path.cwd()),
-                "seed": train.seed,
-                "resumed_from": resume_from,
-            },
-        )
-    tracking.remove_all_but_tracking(work_dir)  # the checkpoint is complete: nothing left to resume
+    with one_trainer(work_dir):  # held for the whole run, released by the kernel if this process dies
+        plan = read_plan(plan_path)
+        prepared = read_json(prepared_dir / "manifest.json")
+        data_fingerprint = prepared["fingerprint"]
+        recipe_hash = content_hash({"train": train.model_dump(mode="json"),
+                                    "hardware": hardware.model_dump(mode="json")})
+        plan_hash = hashlib.sha256(plan_path.read_bytes()).hexdigest()
+        # Trainer checkpoints of an interrupted run are resumed only by the very same run.
+        run_dir = work_dir / content_hash([recipe_hash, plan_hash, data_fingerprint, str(model_dir)])[:16]
+        resume_from = last_complete_checkpoint(run_dir)
+        if resume_from:
+            log.info("resuming an interrupted run from %s", resume_from)
+        with atomic_dir(out) as staging:
+            job = TrainJob(model_dir, prepared_dir, plan, train, hardware, staging, run_dir, resume_from,
+                           trust_remote_code)
+            tracking.start(job)
+            result = backend.run(job)
+            # Whatever the backend saved, the checkpoint's template is the one the data was rendered with.
+            template = prepared_dir / CHAT_TEMPLATE_FILE
+            if template.is_file():
+                shutil.copyfile(template, staging / CHAT_TEMPLATE_FILE)
+            sort_adapter_targets(staging)
+            metrics = train_metrics(result)
+            write_json(staging / "train_metrics.json", metrics)
+            write_generation_config(model_dir, staging, prepared.get("end_of_turn"), trust_remote_code)
+            (staging / "README.md").write_text(model_card(
+                recipe=out.name, base_model=str(model_dir), backend=train.backend,
+                train=train.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"), data=prepared,
+                metrics=metrics, license_=base_license(model_dir),
+            ), encoding="utf-8")
+            write_json(
+                staging / "manifest.json",
+                {
+                    "backend": train.backend,
+                    "method": train.method,
+                    "base_model": str(model_dir),
+                    # The commit of a hub model's cached snapshot: a rebuild with the same revision uses the same
+                    # weights.
+                    "base_model_revision": cached_revision(model_dir),
+                    "trust_remote_code": trust_remote_code,
+                    # Only the sections that shape training reach this stage; the hash covers them.
+                    "recipe_hash": recipe_hash,
+                    "recipe_hash_sections": ["train", "hardware"],
+                    "data_fingerprint": data_fingerprint,
+                    "plan_hash": plan_hash,
+                    "packages": package_versions(),
+                    "git_commit": git_commit(Path.cwd()),
+                    "seed": train.seed,
+                    "resumed_from": resume_from,
+                },
+            )
+        tracking.remove_all_but_tracking(work_dir)  # the checkpoint is complete: nothing left to resume
     log.info("trained %s steps, final loss %s, %s tokens/s", metrics["steps"], metrics["final_loss"],
              metrics["tokens_per_second"])
     return metrics
