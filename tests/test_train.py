@@ -147,3 +147,28 @@ def test_a_compiled_plan_trains_under_torch_compile(tiny_model, tmp_path, monkey
     assert "model wrapped as OptimizedModule" in caplog.text
     metrics = assert_checkpoint_contract(run["checkpoint"], tiny_model, "trl_cpu")
     assert metrics["steps"] == 3 and math.isfinite(metrics["final_loss"])
+
+
+def test_evaluate_runs_where_its_job_plan_says_in_bf16_on_one_loaded_base(lora_run, tiny_model, tmp_path,
+                                                                          monkeypatch):
+    """The evaluate job in the plan's placement for real: bf16 weights, the base loaded once for base and tuned
+    (the adapter put on it), losses close to the float32 run's."""
+    from xtrain.artifacts import read_json
+    from xtrain.evaluate import evaluate
+    from xtrain.evaluate import run as evaluate_stage
+    from xtrain.plan import read_plan
+    from xtrain.plan.jobs import plan_evaluate
+    from xtrain.recipe import Eval, Hardware
+
+    settings = Eval(batch_size=5)
+    job = plan_evaluate(read_plan(lora_run["plan"]), read_json(lora_run["prepared"] / "manifest.json"), settings,
+                        Hardware(), tiny_model)
+    loads = []
+    real_load = evaluate_stage.load_model
+    monkeypatch.setattr(evaluate_stage, "load_model", lambda *args: loads.append(args) or real_load(*args))
+    metrics = evaluate(tiny_model, lora_run["checkpoint"], lora_run["prepared"], settings, tmp_path / "eval.json",
+                       job=job.model_copy(update={"precision": "bf16"}))
+    assert [(folder, dtype) for folder, dtype, *_ in loads] == [(tiny_model, "bfloat16")]
+    float32 = read_json(lora_run["report"])
+    for name in ("base_loss", "tuned_loss"):
+        assert metrics[name] == pytest.approx(float32[name], rel=0.02)
