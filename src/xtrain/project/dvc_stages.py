@@ -30,6 +30,8 @@ def persisted(*paths: str) -> list[dict[str, Any]]:
 
 def recipe_stage(name: str, recipe: Recipe) -> dict[str, Any]:
     exports = [f"exports/{name}"] if recipe.export is not None else []
+    # Every job's plan (plan.json, and the jobs' after training): a clone that pulls them sizes its jobs as they were.
+    plans = [f"plans/{name}/{job}.json" for job in ("plan", "evaluate", *(["export"] if exports else []))]
     return {
         "cmd": " ".join(["snakemake --cores all", f"reports/{name}/gate.json", *exports]),
         # A hub model is pinned by its revision in the recipe file (and its commit in the checkpoint manifest).
@@ -38,7 +40,7 @@ def recipe_stage(name: str, recipe: Recipe) -> dict[str, Any]:
         # The recipe file as DVC params (every key): `dvc params diff` shows a hyperparameter change, and
         # `dvc exp run -S recipes/<name>.yaml:train.learning_rate=1e-3` sweeps one.
         "params": [{f"recipes/{name}.yaml": None}],
-        "outs": persisted(f"prepared/{name}", f"plans/{name}/plan.json", f"checkpoints/{name}",
+        "outs": persisted(f"prepared/{name}", *plans, f"checkpoints/{name}",
                           *(f"reports/{name}/{report}" for report in REPORT_OUTPUTS), *exports),
         "metrics": persisted(f"reports/{name}/eval.json"),
     }
