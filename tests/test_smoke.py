@@ -105,6 +105,11 @@ def test_an_8b_recipe_for_8_gpus_is_rehearsed_on_the_cpu_through_snakemake(tmp_p
     assert f"accepted by {steps['launch']['validated_by']}" in report
     assert not (project / "prepared/llama8b").exists() and not (project / "checkpoints/llama8b").exists()
     assert not list((project / ".venvs").glob("*-cuda")), "the rehearsal trains on the CPU: no GPU environment built"
+    if backend == "trl_local":  # the evaluate job's plan, and what its Slurm submission would ask for
+        snakemake(project, "--cores", "2", "plans/llama8b/evaluate.json", "--rerun-triggers", "mtime")
+        dry = snakemake(project, "--profile", "profiles/slurm", "-n", "reports/llama8b/eval.json")
+        evaluate_job = (dry.stdout + dry.stderr).split("rule evaluate:")[1].split("rule ")[0]
+        assert "gpu=1" in evaluate_job and "cpus_per_task=8" in evaluate_job, evaluate_job
 
 
 def smoke_failure(tmp_path: Path, tiny_model: Path, recipe: dict, template: str | None = None,
