@@ -102,12 +102,16 @@ def plan_evaluate(plan: Plan, manifest: dict[str, Any], settings: Eval, hardware
 
     budget = device_budget(hardware.model_copy(update={"processes": 1}))
     # Batches are sized against one device holding all the weights; spread over more, each holds less.
-    batch, needed = fitting_batch(settings.batch_size, lambda b: max(activations(b)["scoring"],
-                                                                      activations(b)["generation"]),
-                                  lambda total: reserved_bytes(total, hardware) <= budget, weights)
-    lm_batch = fitting_batch(batch, lambda b: activations(b)["lm_eval"],
-                             lambda total: reserved_bytes(total, hardware) <= budget, weights)[0] \
-        if settings.lm_eval else None
+    def fits(total: int) -> bool:
+        return reserved_bytes(total, hardware) <= budget
+
+    def own_batch(b: int) -> int:  # scoring or generation, whichever needs more (lm-eval batches on its own)
+        terms = activations(b)
+        return max(terms["scoring"], terms["generation"])
+
+    batch, needed = fitting_batch(settings.batch_size, own_batch, fits, weights)
+    lm_batch = (fitting_batch(batch, lambda b: activations(b)["lm_eval"], fits, weights)[0] if settings.lm_eval
+                else None)
     terms = activations(batch)
     devices, device_map = 0, "cpu"
     if gpu:
