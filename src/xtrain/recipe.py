@@ -241,6 +241,14 @@ class Lora(Section):
         min_length=1,
         description="Module names (suffixes) that get adapters, or ['all-linear'].",
     )
+    use_dora: bool = Field(False, description="DoRA: each adapted weight split into a magnitude and a direction, "
+                           "the LoRA update applied to the direction (more parameters and compute per step).")
+    use_rslora: bool = Field(False, description="rsLoRA: scale the update by alpha / sqrt(r) instead of alpha / r "
+                             "(keeps high ranks learning).")
+    modules_to_save: list[str] = Field(
+        default_factory=list, description="Module names (suffixes) trained in full beside the adapters and saved "
+        "with them, e.g. [embed_tokens, lm_head] when tokens were added to the vocabulary.",
+    )
 
     def peft_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `peft.LoraConfig` (peft spells "every linear layer" as a bare string)."""
@@ -250,7 +258,22 @@ class Lora(Section):
             "lora_alpha": self.alpha,
             "lora_dropout": self.dropout,
             "target_modules": "all-linear" if targets == ["all-linear"] else targets,
+            "use_dora": self.use_dora,
+            "use_rslora": self.use_rslora,
+            "modules_to_save": list(self.modules_to_save) or None,
         }
+
+
+class Quantization(Section):
+    """How the frozen base is stored with train.method qlora (bitsandbytes); the compute dtype is the plan's."""
+
+    bits: Literal[4] = Field(4, description="Bits per base weight (4: bitsandbytes' Linear4bit).")
+    quant_type: Literal["nf4", "fp4"] = Field(
+        "nf4", description="4-bit data type: nf4 (normal float, QLoRA's) or fp4."
+    )
+    double_quant: bool = Field(
+        True, description="Quantize the quantization constants too (about 0.4 bits per weight saved)."
+    )
 
 
 class Preference(Section):
@@ -268,6 +291,9 @@ class Preference(Section):
 
 
 OBJECTIVES = ("sft", "dpo", "kto", "orpo")
+# Training methods: LoRA adapters on a frozen base (16/32-bit, or 4-bit for qlora), or every weight.
+METHODS = ("lora", "qlora", "full")
+ADAPTER_METHODS = ("lora", "qlora")
 # Experiment trackers train.report_to may name (transformers' integration names); `none` turns them off.
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 # What each objective trains on, as prepare writes it: chats, pairs of a chosen and a rejected answer, or answers
@@ -287,8 +313,20 @@ class Train(Section):
     preference: Preference | None = Field(
         None, description="DPO/KTO settings; only with objective dpo or kto (defaults apply when unset)."
     )
-    method: Literal["lora", "full"] = Field("lora", description="LoRA adapters or a full fine-tune.")
-    lora: Lora | None = Field(None, description="LoRA settings; only with method: lora (defaults apply when unset).")
+    method: Literal[METHODS] = Field(
+        "lora", description="lora: LoRA adapters on the frozen base; qlora: LoRA adapters on a base stored in 4 bits "
+        "(train.quantization); full: a full fine-tune."
+    )
+    lora: Lora | None = Field(
+        None, description="LoRA settings; only with method lora or qlora (defaults apply when unset)."
+    )
+    quantization: Quantization | None = Field(
+        None, description="How the base is quantized; only with method: qlora (defaults apply when unset)."
+    )
+    neftune_noise_alpha: PositiveFloat | None = Field(
+        None, description="NEFTune: uniform noise of this scale (alpha / sqrt(length x width)) added to the input "
+        "embeddings while training (never when evaluating or generating); 5 is the paper's usual value. sft only.",
+    )
     global_batch_size: PositiveInt = Field(8, description="Sequences per optimizer step, over all devices.")
     micro_batch_size: PositiveInt | None = Field(
         None, description="Sequences per device per forward pass; the plan chooses it when unset."
@@ -320,7 +358,12 @@ class Train(Section):
     )
 
     # Fields that decide the run's shape (memory, time, batch layout); the plan reads only these.
-    SHAPE_FIELDS: ClassVar[tuple[str, ...]] = ("backend", "objective", "method", "lora", "global_batch_size", "micro_batch_size", "epochs", "max_steps")
+    SHAPE_FIELDS: ClassVar[tuple[str, ...]] = ("backend", "objective", "method", "lora", "quantization", "global_batch_size", "micro_batch_size", "epochs", "max_steps")
+
+    @property
+    def adapters(self) -> bool:
+        """Whether the run trains LoRA adapters (method lora or qlora) rather than every weight."""
+        return self.method in ADAPTER_METHODS
 
     @field_validator("report_to", mode="before")
     @classmethod
@@ -359,9 +402,20 @@ class Train(Section):
         method = data.get("method", "lora")
         if method == "full" and data.get("lora") is not None:
             raise ValueError("`lora` settings are given but method is `full`: remove `lora` or set method: lora")
-        if method == "lora" and data.get("lora") is None:
-            return {**data, "lora": {}}
+        if method != "qlora" and data.get("quantization") is not None:
+            raise ValueError(f"`quantization` settings are given but method is `{method}`: remove `quantization` or "
+                             "set method: qlora")
+        if method in ADAPTER_METHODS and data.get("lora") is None:
+            data = {**data, "lora": {}}
+        if method == "qlora" and data.get("quantization") is None:
+            data = {**data, "quantization": {}}
         return data
+
+    @model_validator(mode="after")
+    def _neftune_with_sft(self) -> Train:
+        if self.neftune_noise_alpha is not None and self.objective != "sft":
+            raise ValueError(f"neftune_noise_alpha applies to objective sft only, not {self.objective}: remove it")
+        return self
 
     @model_validator(mode="before")
     @classmethod
