@@ -290,7 +290,97 @@ class Preference(Section):
     ONLY: ClassVar[dict[str, str]] = {"loss_type": "dpo", "desirable_weight": "kto", "undesirable_weight": "kto"}
 
 
-OBJECTIVES = ("sft", "dpo", "kto", "orpo")
+class Rl(Section):
+    """Settings of online reinforcement learning (train.objective grpo): how completions are sampled and how far the
+    policy may move per update."""
+
+    generations: int = Field(4, ge=2, description="Completions sampled per prompt (the group whose rewards are "
+                             "compared); train.global_batch_size counts completions, so it is a multiple of this.")
+    max_completion_length: PositiveInt = Field(128, description="Longest completion sampled, in tokens.")
+    temperature: PositiveFloat = Field(1.0, description="Sampling temperature of the completions.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: keep the smallest set of tokens whose "
+                         "probabilities reach this (1: off).")
+    kl_weight: float = Field(0.0, ge=0, description="Weight of the KL penalty to the base model (TRL's beta); 0 "
+                             "holds no reference model.")
+    clip_epsilon: PositiveFloat = Field(0.2, description="How far the probability ratio of a token may move from 1 "
+                                        "before the update is clipped (PPO's epsilon).")
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field(
+        "dapo", description="How token losses are averaged: grpo (per completion, then over the group), dr_grpo (by "
+        "a constant: no length bias), dapo (over every completion token of the step), bnpo (over the micro-batch's).",
+    )
+    steps_per_generation: PositiveInt | None = Field(
+        None, description="Micro-steps trained on each batch of generations (default: the gradient accumulation "
+        "steps, one generation per optimizer step).",
+    )
+
+
+# Built-in rewards (xtrain_backend_side.rewards) and `python`: a function of the user's in the project's rewards/.
+REWARD_TYPES = ("answer", "format", "length", "tool_call", "python")
+REWARDS_FOLDER = "rewards"
+
+
+class Reward(Section):
+    """One term of train.rewards: a built-in check or a Python function of the project's, times its weight."""
+
+    type: Literal[REWARD_TYPES] = Field(
+        description="answer: 1 when the completion's final answer equals the row's (GSM8K's `#### n`, `\\boxed{}`, "
+        "or the last number; numbers compared as numbers), else 0; format: 1 when the completion matches `pattern`; "
+        "length: 0 up to `max_tokens` completion tokens, falling to -1 at twice that; tool_call: 1 when the "
+        "completion holds a tool call (<tool_call>JSON</tool_call> or a bare JSON object) that parses and names a tool "
+        "of the row's list; python: `function` of `file`, called as TRL calls rewards (completions, the row's "
+        "columns) and returning one float per completion.",
+    )
+    weight: float = Field(1.0, description="Weight of this reward in the sum each completion is scored by.")
+    column: str | None = Field(
+        None, description="answer: the row's column holding the reference answer (default `answer`); tool_call: the "
+        "column holding the row's tool schemas (default `tools`).",
+    )
+    pattern: str | None = Field(None, description="format: a Python regular expression searched in the completion "
+                                "(`.` matches newlines; anchor it with ^ and $ to match the whole).")
+    max_tokens: PositiveInt | None = Field(None, description="length: completion tokens allowed before the penalty.")
+    file: LocalPath = Field(None, description="python: a .py file in the project's rewards/ folder.")
+    function: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                 description="python: the name of the function in `file`.")
+
+    SETTINGS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "answer": ("column",), "format": ("pattern",), "length": ("max_tokens",), "tool_call": ("column",),
+        "python": ("file", "function"),
+    }
+    DEFAULT_COLUMN: ClassVar[dict[str, str]] = {"answer": "answer", "tool_call": "tools"}
+
+    @model_validator(mode="after")
+    def _settings_of_its_type(self) -> Reward:
+        own = self.SETTINGS[self.type]
+        given = [name for name in ("column", "pattern", "max_tokens", "file", "function") if getattr(self, name) is not None]
+        if stray := [name for name in given if name not in own]:
+            raise ValueError(f"reward type {self.type} does not read {stray}: remove them (it reads {list(own)})")
+        if missing := [name for name in own if name != "column" and getattr(self, name) is None]:
+            raise ValueError(f"reward type {self.type} needs {missing}")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {self.pattern!r} is not a regular expression: {exc}") from None
+        if self.file is not None and (Path(self.file).suffix != ".py" or
+                                      Path(self.file).parts[:1] != (REWARDS_FOLDER,) or ".." in Path(self.file).parts):
+            raise ValueError(f"file {self.file!r}: reward code lives in the project's {REWARDS_FOLDER}/ folder, as "
+                             f"{REWARDS_FOLDER}/<name>.py (never in data or model folders)")
+        if self.weight == 0:
+            raise ValueError("weight 0 scores nothing: remove the reward, or give it a weight")
+        return self
+
+    @property
+    def name(self) -> str:
+        """How logs, metrics and errors name this reward."""
+        return f"{self.file}:{self.function}" if self.type == "python" else self.type
+
+    @property
+    def row_column(self) -> str | None:
+        """The column of the prompt rows this reward reads (None: only the completion)."""
+        return self.column or self.DEFAULT_COLUMN.get(self.type)
+
+
+OBJECTIVES = ("sft", "dpo", "kto", "orpo", "grpo")
 # Training methods: LoRA adapters on a frozen base (16/32-bit, or 4-bit for qlora), or every weight.
 METHODS = ("lora", "qlora", "full")
 ADAPTER_METHODS = ("lora", "qlora")
@@ -298,7 +388,7 @@ ADAPTER_METHODS = ("lora", "qlora")
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 # What each objective trains on, as prepare writes it: chats, pairs of a chosen and a rejected answer, or answers
 # labelled desirable or not. Objectives that share a kind share their prepared data.
-DATA_KINDS = {"sft": "chats", "dpo": "pairs", "orpo": "pairs", "kto": "labelled"}
+DATA_KINDS = {"sft": "chats", "dpo": "pairs", "orpo": "pairs", "kto": "labelled", "grpo": "prompts"}
 
 
 class Train(Section):
@@ -308,10 +398,20 @@ class Train(Section):
     objective: Literal[OBJECTIVES] = Field(
         "sft", description="sft: supervised fine-tuning on chat or text data; dpo: pairs of a chosen and a rejected "
         "answer; orpo: the same pairs, without a reference model (SFT loss plus an odds-ratio term); kto: answers "
-        "labelled desirable or not. The data must be of that kind.",
+        "labelled desirable or not; grpo: online reinforcement learning from prompts, each completion scored by "
+        "train.rewards. The data must be of that kind.",
     )
     preference: Preference | None = Field(
         None, description="DPO/KTO settings; only with objective dpo or kto (defaults apply when unset)."
+    )
+    # Left out of the dumps when unset, so the stage slices (and hashes) of other recipes do not change.
+    rl: Rl | None = Field(
+        None, exclude_if=lambda value: value is None,
+        description="GRPO sampling and update settings; only with objective grpo (defaults apply when unset).",
+    )
+    rewards: list[Reward] = Field(
+        default_factory=list, exclude_if=lambda value: not value,
+        description="GRPO: the rewards each completion is scored by, summed by weight; at least one.",
     )
     method: Literal[METHODS] = Field(
         "lora", description="lora: LoRA adapters on the frozen base; qlora: LoRA adapters on a base stored in 4 bits "
@@ -358,7 +458,7 @@ class Train(Section):
     )
 
     # Fields that decide the run's shape (memory, time, batch layout); the plan reads only these.
-    SHAPE_FIELDS: ClassVar[tuple[str, ...]] = ("backend", "objective", "method", "lora", "quantization", "global_batch_size", "micro_batch_size", "epochs", "max_steps")
+    SHAPE_FIELDS: ClassVar[tuple[str, ...]] = ("backend", "objective", "method", "lora", "quantization", "global_batch_size", "micro_batch_size", "epochs", "max_steps", "rl")
 
     @property
     def adapters(self) -> bool:
@@ -419,13 +519,27 @@ class Train(Section):
 
     @model_validator(mode="before")
     @classmethod
+    def _rl_only_with_grpo(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        objective = data.get("objective", "sft")
+        if objective != "grpo":
+            given = [name for name in ("rl", "rewards") if data.get(name) not in (None, [])]
+            if given:
+                raise ValueError(f"{' and '.join(f'`{name}`' for name in given)} apply to objective grpo, but objective "
+                                 f"is `{objective}`: remove them or set objective: grpo")
+            return data
+        return data if data.get("rl") is not None else {**data, "rl": {}}
+
+    @model_validator(mode="before")
+    @classmethod
     def _preference_only_with_a_preference_objective(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
         objective, settings = data.get("objective", "sft"), data.get("preference")
-        if objective == "sft":
+        if objective in ("sft", "grpo"):
             if settings is not None:
-                raise ValueError("`preference` settings are given but objective is `sft`: remove them or set "
+                raise ValueError(f"`preference` settings are given but objective is `{objective}`: remove them or set "
                                  "objective: dpo, kto or orpo")
             return data
         for name, only in Preference.ONLY.items():
@@ -658,6 +772,23 @@ class Recipe(Section):
         return self
 
     @model_validator(mode="after")
+    def _grpo_has_rewards_and_room(self) -> Recipe:
+        train = self.train
+        if train.objective != "grpo":
+            return self
+        if not train.rewards:
+            raise ValueError("train.rewards: objective grpo scores each completion by its rewards, and none are listed: "
+                             "list at least one, e.g. rewards: [{type: answer}] (docs/recipe.md lists them)")
+        if train.global_batch_size % train.rl.generations:
+            raise ValueError(f"train.global_batch_size {train.global_batch_size} counts completions, "
+                             f"train.rl.generations {train.rl.generations} per prompt: use a multiple of "
+                             f"{train.rl.generations}")
+        if train.rl.max_completion_length >= self.data.seq_len:
+            raise ValueError(f"train.rl.max_completion_length {train.rl.max_completion_length} leaves no room for the "
+                             f"prompt in data.seq_len {self.data.seq_len}: raise seq_len or shorten the completions")
+        return self
+
+    @model_validator(mode="after")
     def _preference_data_is_neither_packed_nor_cut(self) -> Recipe:
         if self.train.objective == "sft":
             return self
@@ -688,6 +819,8 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
     trust = {"model": {"trust_remote_code": True}} if recipe.model.trust_remote_code else {}
     kind = DATA_KINDS[recipe.train.objective]
     preference = {"data_kind": kind} if kind != "chats" else {}
+    if recipe.train.objective == "grpo":  # a prompt must leave room for its completion within seq_len
+        preference["max_completion_length"] = recipe.train.rl.max_completion_length
     up_to_evaluation = {k: v for k, v in dump.items() if k != "export"}  # the export section is export's alone
     evaluation = {k: v for k, v in dump["eval"].items() if k != "gate"}
     slices = {
@@ -695,7 +828,7 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
         # recipes' slices stay as they were, so their prepared data is not rebuilt (nor DPO's for ORPO).
         "prepare": {"data": dump["data"], **preference, **trust},
         "plan": {
-            "train": {k: dump["train"][k] for k in Train.SHAPE_FIELDS},
+            "train": {k: dump["train"][k] for k in Train.SHAPE_FIELDS if k in dump["train"]},  # rl: grpo only
             "hardware": dump["hardware"],
             **trust,
         },
