@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from xtrain_backend_side.rewards import REWARDS_FOLDER
+
 from .errors import RecipeError
 from .models.gpus import DEFAULT_GPU, GPUS
 
@@ -316,7 +318,6 @@ class Rl(Section):
 
 # Built-in rewards (xtrain_backend_side.rewards) and `python`: a function of the user's in the project's rewards/.
 REWARD_TYPES = ("answer", "format", "length", "tool_call", "python")
-REWARDS_FOLDER = "rewards"
 
 
 class Reward(Section):
@@ -346,7 +347,6 @@ class Reward(Section):
         "answer": ("column",), "format": ("pattern",), "length": ("max_tokens",), "tool_call": ("column",),
         "python": ("file", "function"),
     }
-    DEFAULT_COLUMN: ClassVar[dict[str, str]] = {"answer": "answer", "tool_call": "tools"}
 
     @model_validator(mode="after")
     def _settings_of_its_type(self) -> Reward:
@@ -374,10 +374,6 @@ class Reward(Section):
         """How logs, metrics and errors name this reward."""
         return f"{self.file}:{self.function}" if self.type == "python" else self.type
 
-    @property
-    def row_column(self) -> str | None:
-        """The column of the prompt rows this reward reads (None: only the completion)."""
-        return self.column or self.DEFAULT_COLUMN.get(self.type)
 
 
 OBJECTIVES = ("sft", "dpo", "kto", "orpo", "grpo")
@@ -839,6 +835,8 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
         "plan_evaluate": {"eval": evaluation, "hardware": dump["hardware"], **trust},
         "plan_export": {"export": dump["export"], "hardware": dump["hardware"], **trust},
         "gate": {"gate": dump["eval"]["gate"]},
+        # A LoRA checkpoint merged into its base for the recipes built on it (model.recipe): nothing but the weights.
+        "merge_base": {**trust},
         # train and hardware go into the export's model card; editing them retrains, so they add no rerun.
         "export": {"export": dump["export"], "train": dump["train"], "hardware": dump["hardware"], **trust},
         # The report shows the recipe up to evaluation; the export section is the export stage's alone.
