@@ -59,13 +59,19 @@ BAD_CASES = [
         "unknown-field-typo",
         with_changes(train={"method": "lora", "learnig_rate": 1e-3}),
         "train.learnig_rate",
-        "check its spelling",
+        "did you mean `learning_rate`?",
     ),
     (
         "unknown-top-level-section",
         with_changes(trian={"epochs": 1}),
         "trian",
-        "unknown field",
+        "did you mean `train`?",
+    ),
+    (
+        "unknown-field-not-close-to-any",
+        with_changes(export={"zzz": 1}),
+        "export.zzz",
+        "name one of the fields of export: dtype, gguf, merged, ollama, shard_gb",
     ),
     (
         "wrong-type",
@@ -74,10 +80,10 @@ BAD_CASES = [
         "should be a valid integer",
     ),
     (
-        "wrong-type-list",
+        "wrong-type-list-item",  # one value is taken as a one-item list, and this one is no source
         with_changes(data={"sources": "data/demo/chat.jsonl"}),
-        "data.sources",
-        "should be a valid list",
+        "data.sources[0]",
+        "should be a valid dictionary",
     ),
     (
         "zero-lora-rank",
@@ -187,6 +193,21 @@ def test_unknown_field_message_names_the_full_path(tmp_path):
     path = write(tmp_path, with_changes(train={"lora": {"r": 8, "alpah": 16}}))
     with pytest.raises(RecipeError, match=r"train\.lora\.alpah: unknown field"):
         load_recipe(path)
+
+
+def test_a_misspelt_field_inside_a_list_item_or_a_mapping_value_gets_its_closest_name(tmp_path):
+    path = write(tmp_path, with_changes(data={"sources": [{"path": "x.jsonl", "fromat": "alpaca"}]},
+                                        eval={"gate": {"tuned_loss": {"mx": 2}}}))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert "data.sources[0].fromat: unknown field; did you mean `format`?" in str(info.value)
+    assert "eval.gate.tuned_loss.mx: unknown field; did you mean `max`?" in str(info.value)
+
+
+def test_a_list_field_given_one_value_holds_that_one_value(tmp_path):
+    recipe = load_recipe(write(tmp_path, with_changes(train={"lora": {"target_modules": "all-linear"}},
+                                                      export={"gguf": "f16"})))
+    assert recipe.train.lora.target_modules == ["all-linear"] and recipe.export.gguf == ["f16"]
 
 
 def test_invalid_yaml_message_has_the_line_number(tmp_path):

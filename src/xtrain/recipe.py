@@ -8,9 +8,13 @@ recipe it reads (`stage_params`), so Snakemake reruns only the stages an edit ca
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import json
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
@@ -43,6 +47,28 @@ LocalPath = Annotated[str | None, ProjectPath()]
 class Section(BaseModel):
     # A NaN or infinite number (YAML's .nan, .inf) is never a meaningful setting.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_value_is_a_one_item_list(cls, data: Any) -> Any:
+        """A list field given one value (`gguf: f16`, `target_modules: all-linear`) holds that one value."""
+        if not isinstance(data, dict):
+            return data
+        lists = list_fields(cls)
+        single = {key: [value] for key, value in data.items()
+                  if key in lists and value is not None and not isinstance(value, list)}
+        return {**data, **single} if single else data
+
+
+@functools.cache
+def list_fields(section: type[BaseModel]) -> frozenset[str]:
+    """The fields of a section that hold a list (possibly also null)."""
+    def is_list(annotation: Any) -> bool:
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            return any(is_list(arg) for arg in typing.get_args(annotation))
+        return typing.get_origin(annotation) is list
+
+    return frozenset(name for name, field in section.model_fields.items() if is_list(field.annotation))
 
 
 class Located(Section):
@@ -464,7 +490,6 @@ class Train(Section):
     @field_validator("report_to", mode="before")
     @classmethod
     def _trackers(cls, value: Any) -> Any:
-        value = [value] if isinstance(value, str) else value
         if not isinstance(value, list):
             return value
         if "none" in value:
@@ -857,12 +882,53 @@ def _field_path(loc: tuple) -> str:
     return ".".join(str(part) if not isinstance(part, int) else f"[{part}]" for part in loc).replace(".[", "[")
 
 
+def _members(kind: Any) -> list[Any]:
+    """The types a field annotation may hold: a union's members (null left out), Annotated's inner type."""
+    if typing.get_origin(kind) is typing.Annotated:
+        return _members(typing.get_args(kind)[0])
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return [member for arg in typing.get_args(kind) for member in _members(arg) if member is not type(None)]
+    return [kind]
+
+
+def _section_at(loc: tuple) -> type[BaseModel] | None:
+    """The section a validation error's location points into (through list items and mapping values)."""
+    kinds: list[Any] = [Recipe]
+    for part in loc:
+        step = []
+        for kind in (member for kind in kinds for member in _members(kind)):
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                if part in kind.model_fields:
+                    step.append(kind.model_fields[part].annotation)
+                elif part == kind.__name__:  # pydantic names the member of a union of sections
+                    step.append(kind)
+            elif typing.get_origin(kind) is list and isinstance(part, int):
+                step.append(typing.get_args(kind)[0])
+            elif typing.get_origin(kind) is dict and isinstance(part, str):
+                step.append(typing.get_args(kind)[1])
+        kinds = step
+    sections = [kind for kind in kinds for kind in _members(kind) if isinstance(kind, type) and issubclass(kind, BaseModel)]
+    return sections[0] if sections else None
+
+
+def _unknown_field(loc: tuple) -> str:
+    """The message for a field no section has: the closest allowed name, else every allowed name."""
+    where = _field_path(loc)
+    section = _section_at(loc[:-1])
+    allowed = sorted(section.model_fields) if section is not None else []
+    close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+    if close:
+        return f"{where}: unknown field; did you mean `{close[0]}`?"
+    parent = _field_path(loc[:-1]) or "the top level"
+    known = f": {', '.join(allowed)}" if allowed else ""
+    return f"{where}: unknown field; remove it, or name one of the fields of {parent}{known} (docs/recipe.md)"
+
+
 def _describe(error: dict) -> str:
     where = _field_path(error["loc"]) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        parent = ".".join(str(p) for p in error["loc"][:-1]) or "the top level"
-        return f"{where}: unknown field; check its spelling, or remove it (allowed in {parent}: see docs/recipe.md)"
+        return _unknown_field(error["loc"])
     if error["type"] == "missing":
         return f"{where}: required field is missing; add it"
     value = error.get("input")

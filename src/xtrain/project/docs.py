@@ -62,7 +62,8 @@ def reference() -> str:
         "# Recipe reference",
         "",
         "Generated from `src/xtrain/recipe.py` by `make docs`; do not edit by hand.",
-        "Unknown fields are errors. Paths are relative to the project root.",
+        "Unknown fields are errors (a misspelt one names the closest field). A list field given one value (`gguf: f16`) "
+        "holds that one value. Paths are relative to the project root.",
     ]
     for name, field in Recipe.model_fields.items():
         # An optional section (`export`) is its model or null.
