@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from xtrain.artifacts import read_json
 from xtrain.plan import make_plan
-from xtrain.recipe import Hardware, Lora, Preference, Recipe, Train, stage_params
+from xtrain.recipe import Hardware, Lora, Preference, Quantization, Recipe, Train, stage_params
 from xtrain.train.backends.capabilities import refusal
 from xtrain.train.backends.contract import TrainJob
 from xtrain.train.backends.registry import REGISTRY
@@ -25,6 +25,13 @@ TRAIN_CHANGES = {
     "lora.alpha": {"lora": Lora(alpha=8)},
     "lora.dropout": {"lora": Lora(dropout=0.2)},
     "lora.target_modules": {"lora": Lora(target_modules=["q_proj", "k_proj", "v_proj"])},
+    "lora.use_dora": {"lora": Lora(use_dora=True)},
+    "lora.use_rslora": {"lora": Lora(use_rslora=True)},
+    "lora.modules_to_save": {"lora": Lora(modules_to_save=["lm_head"])},
+    "quantization.bits": {"method": "qlora", "quantization": Quantization()},
+    "quantization.quant_type": {"method": "qlora", "quantization": Quantization(quant_type="fp4")},
+    "quantization.double_quant": {"method": "qlora", "quantization": Quantization(double_quant=False)},
+    "neftune_noise_alpha": {"neftune_noise_alpha": 5.0},
     "epochs": {"epochs": 3},
     "max_steps": {"max_steps": 7},
     "learning_rate": {"learning_rate": 1e-3},
@@ -43,6 +50,10 @@ TRAIN_CHANGES = {
     "report_to": {"report_to": ["mlflow"]},
     "mlflow_tracking_uri": {"report_to": ["mlflow"], "mlflow_tracking_uri": "file:/tmp/mlruns"},
 }
+# The settings a train field is changed from, where the default recipe's would not show its mapping: the
+# quantization's settings against a QLoRA run's defaults.
+TRAIN_BASES = {key: {"method": "qlora", "quantization": Quantization()} for key in
+               ("quantization.quant_type", "quantization.double_quant")}
 # (base, changed) hardware for each hardware field a backend maps into its launch.
 HARDWARE_CHANGES = {
     "accelerator": (CPU, CUDA),
@@ -112,11 +123,16 @@ def test_each_mapping_is_where_the_field_lands(name, tiny_model, prepared, plans
         elif where == "plan":
             slice_ = plan_reads[section]
             assert key.split(".")[0] in slice_, f"{name}: {field} is said to reach it through the plan, which does not read it"
-        elif where == "capabilities" and section == "train":  # the objective or a tracker, and its settings with it
+        elif where == "capabilities" and section == "train":
             changed = base_train.model_copy(update=TRAIN_CHANGES[key])
             reason = refusal(name, backend.capabilities, changed, base_hardware, packed=False)
-            refused = "train.report_to" if key == "mlflow_tracking_uri" else "train.objective"
-            assert reason and refused in reason, f"{name}: nothing refuses {field}"
+            # A tracker's or an objective's settings are refused with it; a quantization's with the method qlora
+            # where that is what the backend refuses.
+            refused = ("train.report_to" if key == "mlflow_tracking_uri" else
+                       "train.objective" if key.startswith("preference.") or key == "objective" else
+                       "train.method" if key.startswith("quantization.") and "qlora" not in backend.capabilities.methods
+                       else field)
+            assert reason and refused in reason, f"{name}: nothing refuses {field} ({reason})"
         elif where == "capabilities":
             reasons = [refusal(name, backend.capabilities, base_train, hardware, packed=False)
                        for hardware in REFUSABLE[key]]
@@ -129,10 +145,11 @@ def test_each_mapping_is_where_the_field_lands(name, tiny_model, prepared, plans
         else:
             if section == "train":
                 before_hw = after_hw = base_hardware
-                changed = base_train.model_copy(update=TRAIN_CHANGES[key])
+                base = base_train.model_copy(update=TRAIN_BASES.get(key, {}))
+                changed = base.model_copy(update=TRAIN_CHANGES[key])
             else:
-                (before_hw, after_hw), changed = HARDWARE_CHANGES[key], base_train
-            before = at(native(backend, tiny_model, prepared, plans, tmp_path, base_train, before_hw), where)
+                (before_hw, after_hw), base, changed = HARDWARE_CHANGES[key], base_train, base_train
+            before = at(native(backend, tiny_model, prepared, plans, tmp_path, base, before_hw), where)
             after = at(native(backend, tiny_model, prepared, plans, tmp_path, changed, after_hw), where)
             assert before is not MISSING or after is not MISSING, f"{name}: {field} -> {where}, which it does not write"
             assert before != after, f"{name}: changing {field} does not change {where} ({before!r})"

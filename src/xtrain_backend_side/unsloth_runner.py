@@ -53,7 +53,8 @@ def main(job_path: str) -> None:
         # fp32 on the CPU and for full fine-tunes (the plan's bf16 is autocast, SFTConfig bf16); a LoRA base on a GPU
         # in the plan's 16-bit weights dtype (the adapter's own weights stay fp32).
         dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[job["weights_dtype"]],
-        load_in_4bit=False,
+        # QLoRA: Unsloth's own 4-bit loading (bitsandbytes nf4, double-quantized, computing in `dtype`).
+        load_in_4bit=job["load_in_4bit"],
         load_in_8bit=False,
         full_finetuning=job["method"] == "full",
         local_files_only=True,
@@ -61,7 +62,7 @@ def main(job_path: str) -> None:
     )
     # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.
     model.config.use_cache = False
-    if job["method"] == "lora":
+    if job["method"] in ("lora", "qlora"):
         lora = job["lora"]
         model = FastLanguageModel.get_peft_model(
             model,
@@ -69,6 +70,8 @@ def main(job_path: str) -> None:
             lora_alpha=lora["lora_alpha"],
             lora_dropout=lora["lora_dropout"],
             target_modules=lora["target_modules"],
+            use_rslora=lora["use_rslora"],
+            modules_to_save=lora["modules_to_save"],
             bias="none",
             use_gradient_checkpointing=job["gradient_checkpointing"],
             random_state=job["seed"],

@@ -37,6 +37,10 @@ def trl_config(request: dict, translate=None) -> dict:
         **arguments)
     if request["peft"]:
         LoraConfig(**request["peft"])
+    if request.get("quantization"):
+        from transformers import BitsAndBytesConfig
+
+        BitsAndBytesConfig(**request["quantization"])
     return {"config_class": type(config).__name__, "bf16": config.bf16, "fp16": config.fp16,
             "fsdp": config.fsdp, "fsdp_config": config.fsdp_config}
 

@@ -168,9 +168,16 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         **tracking.axolotl_settings(job),
         **fsdp_keys(job),
     }
-    if train.method == "lora":
+    if train.adapters:
         lora = train.lora
-        config |= {"adapter": "lora", "lora_r": lora.r, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout}
+        config |= {"adapter": train.method, "lora_r": lora.r, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
+                   "peft_use_dora": lora.use_dora or None, "peft_use_rslora": lora.use_rslora or None,
+                   "lora_modules_to_save": list(lora.modules_to_save) or None}
+        if train.method == "qlora":
+            # Axolotl builds the BitsAndBytesConfig (compute dtype: its torch_dtype) with these overrides.
+            config |= {"load_in_4bit": True, "bnb_config_kwargs": {
+                "bnb_4bit_quant_type": train.quantization.quant_type,
+                "bnb_4bit_use_double_quant": train.quantization.double_quant}}
         if lora.target_modules == ["all-linear"]:
             config["lora_target_linear"] = True
         else:
@@ -178,6 +185,7 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         config |= {kernel: False for kernel in LORA_KERNELS}
     if not sft:
         config |= preference_config(job)
+    config["neftune_noise_alpha"] = train.neftune_noise_alpha
     return {key: value for key, value in config.items() if value is not None}
 
 
@@ -191,6 +199,13 @@ class Axolotl:
         "train.lora.alpha": "config.lora_alpha",
         "train.lora.dropout": "config.lora_dropout",
         "train.lora.target_modules": "config.lora_target_modules",
+        "train.lora.use_dora": "config.peft_use_dora",
+        "train.lora.use_rslora": "config.peft_use_rslora",
+        "train.lora.modules_to_save": "config.lora_modules_to_save",
+        "train.quantization.bits": "config.load_in_4bit",
+        "train.quantization.quant_type": "config.bnb_config_kwargs.bnb_4bit_quant_type",
+        "train.quantization.double_quant": "config.bnb_config_kwargs.bnb_4bit_use_double_quant",
+        "train.neftune_noise_alpha": "config.neftune_noise_alpha",
         "train.global_batch_size": "plan",
         "train.micro_batch_size": "plan",
         "train.epochs": "config.num_epochs",
@@ -225,7 +240,7 @@ class Axolotl:
                 "train.backend axolotl runs CPU training on one node: set hardware.nodes: 1 (more CPU processes "
                 "with hardware.processes), or train on GPUs"
             )
-        if train.objective != "sft" and train.method == "lora" and train.lora.dropout:
+        if train.objective != "sft" and train.adapters and train.lora.dropout:
             raise XtrainError(
                 f"train.backend axolotl: train.lora.dropout {train.lora.dropout} with train.objective "
                 f"{train.objective}: Axolotl's {train.objective} trainer (TRL's) turns dropout off; set "
@@ -283,7 +298,7 @@ class Axolotl:
         if not checkpoints:
             raise XtrainError(f"axolotl finished without a checkpoint in {job.work_dir}; see its log above")
         state = read_json(checkpoints[-1] / "trainer_state.json")
-        for pattern in ADAPTER_FILES if job.train.method == "lora" else MODEL_FILES:
+        for pattern in ADAPTER_FILES if job.train.adapters else MODEL_FILES:
             for path in job.work_dir.glob(pattern):
                 shutil.copyfile(path, job.out / path.name)
         from transformers import AutoTokenizer

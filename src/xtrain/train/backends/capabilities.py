@@ -16,6 +16,8 @@ from typing import Literal
 from ...recipe import TRACKERS, Hardware, Train
 
 Status = Literal["trains", "translate-only"]
+# train.lora settings beyond plain LoRA (each off by default); a backend maps them or refuses them.
+LORA_OPTIONS = ("use_dora", "use_rslora", "modules_to_save")
 
 
 @dataclass(frozen=True)
@@ -34,17 +36,21 @@ class Capabilities:
     resume: bool  # continues an interrupted run from its last trainer checkpoint
     compiles: bool = False  # trains under torch.compile (and buckets batch lengths) when the plan decides it pays
     trackers: tuple[str, ...] = TRACKERS  # train.report_to values it writes to
+    lora_options: tuple[str, ...] = LORA_OPTIONS  # train.lora settings beyond plain LoRA that it maps
+    neftune: bool = True  # adds NEFTune noise to the input embeddings (train.neftune_noise_alpha)
+    quant_types: tuple[str, ...] = ("nf4", "fp4")  # train.quantization.quant_type values (method qlora)
+    single_quant: bool = True  # trains a 4-bit base without double quantization (train.quantization.double_quant: false)
 
 
 CAPABILITIES: dict[str, Capabilities] = {
     "trl_cpu": Capabilities(
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
-        methods=("lora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16"), packing=True,
-        resume=True, compiles=True,
+        methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16"),
+        packing=True, resume=True, compiles=True,
     ),
     "trl_local": Capabilities(
         status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None,
-        max_processes=None, methods=("lora", "full"), objectives=("sft", "dpo", "kto", "orpo"),
+        max_processes=None, methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo"),
         precisions=("fp32", "bf16", "fp16"), packing=True, resume=True, compiles=True,
     ),
     # One CPU process: under torchrun on the CPU, Axolotl 0.19's normalize_config sets device_map {"": LOCAL_RANK},
@@ -53,28 +59,34 @@ CAPABILITIES: dict[str, Capabilities] = {
     # TRL 1.9's ORPOTrainer, which tokenizes text with BOS/EOS rules of its own, not the prepared tokens.
     "axolotl": Capabilities(
         status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None, max_processes=1,
-        methods=("lora", "full"), objectives=("sft", "dpo", "kto"), precisions=("fp32", "bf16", "fp16"), packing=False,
-        resume=True,
+        methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto"), precisions=("fp32", "bf16", "fp16"),
+        packing=False, resume=True,
     ),
     # One process on the CPU or on one CUDA GPU: Unsloth's open-source release trains on a single GPU. On the CPU
-    # Unsloth leaves TRL's preference trainers as they are (its own patches are for GPUs).
+    # Unsloth leaves TRL's preference trainers as they are (its own patches are for GPUs). Its 4-bit loader builds
+    # the quantization itself (nf4, double-quantized); its get_peft_model has no DoRA.
     "unsloth": Capabilities(
         status="trains", accelerators=("cpu", "cuda"), max_gpus_per_node=1, max_nodes=1, max_processes=1,
-        methods=("lora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16", "fp16"),
-        packing=True, resume=True,
+        methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16", "fp16"),
+        packing=True, resume=True, lora_options=("use_rslora", "modules_to_save"), quant_types=("nf4",),
+        single_quant=False,
     ),
     # Any GPU count and node count through its distributed recipes; ROCm through torch's cuda device and
     # nccl (RCCL) API, which is all torchtune calls. One CPU process: its distributed recipes fail on the CPU.
+    # QLoRA: its LoRA builders' quantize_base (torchao's NF4, whose block scales are themselves quantized); DoRA:
+    # their use_dora. Its LoRA builders have no rsLoRA scaling, no fully trained modules and no NEFTune.
     "torchtune": Capabilities(
         status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None, max_processes=1,
-        methods=("lora", "full"), objectives=("sft", "dpo"), precisions=("fp32", "bf16"), packing=True, resume=False,
+        methods=("lora", "qlora", "full"), objectives=("sft", "dpo"), precisions=("fp32", "bf16"), packing=True,
+        resume=False, lora_options=("use_dora",), neftune=False, quant_types=("nf4",), single_quant=False,
     ),
     # Reading Megatron Bridge's output back into the checkpoint contract needs a ROCm machine to check against:
     # until then the backend writes its experiment and launch (`write_config`, `launch_command`) but does not train.
+    # It maps Megatron Bridge's plain LoRA only: no 4-bit base, no LoRA variants, no NEFTune.
     "primus": Capabilities(
         status="translate-only", accelerators=("rocm",), max_gpus_per_node=None, max_nodes=None, max_processes=1,
         methods=("lora", "full"), objectives=("sft",), precisions=("bf16", "fp16", "fp32"), packing=True, resume=False,
-        trackers=("tensorboard", "wandb"),
+        trackers=("tensorboard", "wandb"), lora_options=(), neftune=False,
     ),
 }
 
@@ -97,6 +109,18 @@ def refusal(name: str, can: Capabilities, train: Train, hardware: Hardware, pack
                 f"hardware.processes {hardware.processes}: set hardware.processes: {can.max_processes}, {others}")
     if train.method not in can.methods:
         return f"train.backend {name} does not train method {train.method!r}: set train.method: {can.methods[0]}, {others}"
+    if train.adapters and (unmapped := [o for o in LORA_OPTIONS if getattr(train.lora, o) and o not in can.lora_options]):
+        return (f"train.backend {name} does not train {', '.join(f'train.lora.{o}' for o in unmapped)}: remove it "
+                f"(it maps {', '.join(can.lora_options) or 'none of ' + ', '.join(LORA_OPTIONS)}), {others}")
+    if train.neftune_noise_alpha is not None and not can.neftune:
+        return (f"train.backend {name} does not add NEFTune noise (train.neftune_noise_alpha): remove it, {others}")
+    if train.method == "qlora" and train.quantization.quant_type not in can.quant_types:
+        return (f"train.backend {name} quantizes the base to {' or '.join(can.quant_types)} only, not "
+                f"{train.quantization.quant_type} (train.quantization.quant_type): set train.quantization.quant_type: "
+                f"{can.quant_types[0]}, {others}")
+    if train.method == "qlora" and not train.quantization.double_quant and not can.single_quant:
+        return (f"train.backend {name} always double-quantizes a 4-bit base (train.quantization.double_quant): set "
+                f"train.quantization.double_quant: true, {others}")
     if train.objective not in can.objectives:
         return (f"train.backend {name} does not train objective {train.objective!r} (train.objective): set "
                 f"train.objective: {' or '.join(can.objectives)}, {others}")

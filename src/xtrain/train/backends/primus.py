@@ -214,6 +214,10 @@ class Primus:
         "hardware.processes": "capabilities",
         **PLANNED_HARDWARE,
         **SFT_ONLY,
+        # Refused through the declared capabilities: qlora (and so its quantization), the LoRA variants, NEFTune.
+        **{f"train.{field}": "capabilities" for field in (
+            "quantization.bits", "quantization.quant_type", "quantization.double_quant", "lora.use_dora",
+            "lora.use_rslora", "lora.modules_to_save", "neftune_noise_alpha")},
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:

@@ -31,7 +31,7 @@ from xtrain_backend_side.prepared import row_tokens, split_file, train_split_is_
 from ...errors import XtrainError
 from ...plan.schema import Layout
 from ...project.envs import backend_python
-from ...recipe import Hardware, Train
+from ...recipe import ADAPTER_METHODS, Hardware, Train
 from ...stage import run_command
 from .. import tracking
 from .capabilities import CAPABILITIES
@@ -139,6 +139,9 @@ def model_component(model_dir: Path, train: Train) -> dict[str, Any]:
         "lora_rank": train.lora.r,
         "lora_alpha": train.lora.alpha,
         "lora_dropout": train.lora.dropout,
+        "use_dora": train.lora.use_dora,
+        # QLoRA: torchao's NF4 base (nf4, its block scales quantized again), dequantized per layer in the forward.
+        "quantize_base": train.method == "qlora",
     }
 
 
@@ -158,7 +161,8 @@ def recipe_name(train: Train, hardware: Hardware) -> str:
     """The torchtune recipe that trains the objective with the method on this hardware: single-device on one
     device, distributed on more (and for full DPO, which has no single-device recipe, on one GPU too). The
     distributed recipes do not run on the CPU: asking for one there is an error naming the fix."""
-    name = RECIPES[train.objective, train.method]
+    # QLoRA trains with the LoRA recipes: the 4-bit base is the model builder's (quantize_base).
+    name = RECIPES[train.objective, "lora" if train.adapters else train.method]
     if hardware.devices == 1 and name in SINGLE_DEVICE:
         return f"{name}_single_device"
     if hardware.accelerator == "cpu":
@@ -306,7 +310,7 @@ def export_checkpoint(epoch_dir: Path, model_dir: Path, out: Path, method: str, 
     from transformers import AutoTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
-    if method == "lora":
+    if method in ADAPTER_METHODS:
         shutil.copyfile(epoch_dir / "adapter_model.safetensors", out / "adapter_model.safetensors")
         adapter = json.loads((epoch_dir / "adapter_config.json").read_text())
         adapter["base_model_name_or_path"] = str(model_dir)
@@ -397,6 +401,11 @@ class Torchtune:
         "train.lora.alpha": "config.model.lora_alpha",
         "train.lora.dropout": "config.model.lora_dropout",
         "train.lora.target_modules": "config.model.lora_attn_modules",
+        "train.lora.use_dora": "config.model.use_dora",
+        "train.quantization.bits": "config.model.quantize_base",
+        **{field: "capabilities" for field in ("train.lora.use_rslora", "train.lora.modules_to_save",
+                                               "train.quantization.quant_type", "train.quantization.double_quant",
+                                               "train.neftune_noise_alpha")},
         "train.global_batch_size": "plan",
         "train.micro_batch_size": "plan",
         "train.epochs": "plan",
@@ -425,7 +434,7 @@ class Torchtune:
 
     def check(self, train: Train, hardware: Hardware) -> None:
         recipe_name(train, hardware)
-        if train.method == "lora":
+        if train.adapters:
             lora_layout(train.lora.target_modules)
         if train.objective == "dpo":
             dpo_loss(train)
@@ -513,7 +522,10 @@ class Torchtune:
             )
         epoch_dir = max(out.glob("epoch_*"), key=lambda path: int(path.name.split("_")[1]))
         export_checkpoint(epoch_dir, job.model_dir, job.out, job.train.method, job.trust_remote_code)
-        if job.train.method == "lora":
+        if job.train.method == "qlora":
+            log.info("exported adapter not compared with torchtune's merged weights: those hold its NF4 base "
+                     "dequantized, the adapter is saved for the unquantized base (as QLoRA adapters are)")
+        elif job.train.method == "lora":
             error = adapter_error(epoch_dir, job.model_dir, job.out)
             log.info("exported adapter vs torchtune's merged weights: largest relative difference %.2e", error)
             if error > adapter_tolerance(job.plan.precision):

@@ -8,6 +8,7 @@ and how is here, once. The trainer's callbacks are listed in one place, `callbac
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from xtrain_backend_side.tracking import measured
 from xtrain_backend_side.trainer_parts import config_class, preference_trainer, progress, save_every, step_grouped
 
 from ...errors import XtrainError
-from ...recipe import DATA_KINDS
+from ...recipe import DATA_KINDS, Train
 from .. import tracking
 from . import guards
 from .contract import PLANNED_HARDWARE, TrainJob, TrainResult
@@ -43,6 +44,13 @@ TRL_FIELDS = {
     "train.lora.alpha": "peft.lora_alpha",
     "train.lora.dropout": "peft.lora_dropout",
     "train.lora.target_modules": "peft.target_modules",
+    "train.lora.use_dora": "peft.use_dora",
+    "train.lora.use_rslora": "peft.use_rslora",
+    "train.lora.modules_to_save": "peft.modules_to_save",
+    "train.quantization.bits": "quantization.load_in_4bit",
+    "train.quantization.quant_type": "quantization.bnb_4bit_quant_type",
+    "train.quantization.double_quant": "quantization.bnb_4bit_use_double_quant",
+    "train.neftune_noise_alpha": "config.neftune_noise_alpha",
     "train.global_batch_size": "plan",
     "train.micro_batch_size": "plan",
     "train.epochs": "config.num_train_epochs",
@@ -133,16 +141,27 @@ def fsdp_settings(job: TrainJob) -> dict:
     }
 
 
+def quantization_config(train: Train, precision: str) -> dict | None:
+    """`transformers.BitsAndBytesConfig`'s arguments for train.method qlora (None otherwise): the base's linear
+    layers stored in 4 bits, each dequantized to the compute dtype, the plan's precision, when it runs."""
+    if train.method != "qlora":
+        return None
+    settings = train.quantization
+    return {"load_in_4bit": True, "bnb_4bit_quant_type": settings.quant_type,
+            "bnb_4bit_use_double_quant": settings.double_quant, "bnb_4bit_compute_dtype": TORCH_DTYPES[precision]}
+
+
 def native(job: TrainJob, placement: Placement) -> dict:
-    """What the TRL backends train with: the placement, `SFTConfig`'s arguments (FSDP's included) and
-    `peft.LoraConfig`'s (None for a full fine-tune)."""
+    """What the TRL backends train with: the placement, `SFTConfig`'s arguments (FSDP's included),
+    `peft.LoraConfig`'s (None for a full fine-tune) and `BitsAndBytesConfig`'s (None unless qlora)."""
     packed = train_split_is_packed(job.prepared_dir)
     fsdp = fsdp_settings(job)
     return {
         "placement": {"device": placement.device, "precision": placement.precision},
         "objective": job.train.objective,
         "config": trainer_arguments(job, placement, packed, fsdp=bool(fsdp)) | fsdp,
-        "peft": job.train.lora.peft_kwargs() | {"task_type": "CAUSAL_LM"} if job.train.method == "lora" else None,
+        "peft": job.train.lora.peft_kwargs() | {"task_type": "CAUSAL_LM"} if job.train.adapters else None,
+        "quantization": quantization_config(job.train, placement.precision),
         "columns": trained_columns(job.train.objective, packed),
         "save_every_seconds": job.train.checkpoint_minutes * 60,
         "env": tracking.environment(job),
@@ -152,8 +171,9 @@ def native(job: TrainJob, placement: Placement) -> dict:
 def validate_with_trl(job: TrainJob, settings: dict, scratch: Path) -> dict:
     """`settings` (what `native` gives) through TRL's config class and peft's LoraConfig, in this environment."""
     request = {"framework": "trl", "objective": job.train.objective, "arguments": settings["config"],
-               "peft": settings["peft"], **device_probe(job.hardware)}
-    return {"validator": f"TRL's {job.train.objective.upper()}Config and peft's LoraConfig",
+               "peft": settings["peft"], "quantization": settings["quantization"], **device_probe(job.hardware)}
+    quantized = ", transformers' BitsAndBytesConfig" if settings["quantization"] else ""
+    return {"validator": f"TRL's {job.train.objective.upper()}Config and peft's LoraConfig{quantized}",
             "read_back": validated(sys.executable, [request], scratch)[0]}
 
 
@@ -202,6 +222,7 @@ def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool 
         train_sampling_strategy="random" if packed else "group_by_length",
         logging_steps=train.logging_steps,
         logging_first_step=True,
+        neftune_noise_alpha=train.neftune_noise_alpha,
         save_strategy="steps",
         save_steps=max(1, plan.time.steps // 4),  # and every checkpoint_minutes, in callbacks()
         save_total_limit=2,
@@ -242,13 +263,19 @@ def preference_arguments(job: TrainJob, sft: dict) -> dict:
     return arguments
 
 
+def quantized_device_map(placement: Placement) -> dict:
+    """Where a 4-bit base is loaded: bitsandbytes quantizes while loading, on the device it trains on (this
+    process's GPU under torchrun)."""
+    return {"": "cpu" if placement.device == "cpu" else int(os.environ.get("LOCAL_RANK", "0"))}
+
+
 def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     """Train `job` in this process (one of several under torchrun, or alone) and save the weights and the
     tokenizer in `job.out` (the main process only)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PrinterCallback
 
     train, plan = job.train, job.plan
     on_cpu = placement.device == "cpu"
@@ -256,10 +283,14 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     settings = native(job, placement)
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir, trust_remote_code=job.trust_remote_code)
     # LoRA on a GPU holds the frozen base in 16 bits (plan weights_dtype), in the dtype autocast really uses;
-    # the CPU and full fine-tunes keep fp32 (master) weights.
-    sixteen_bit_base = not on_cpu and train.method == "lora" and plan.weights_dtype != "fp32"
+    # the CPU and full fine-tunes keep fp32 (master) weights. QLoRA stores the base's linear layers in 4 bits
+    # (bitsandbytes, on the CPU too); the rest of the base (embeddings, norms, head) takes `dtype`.
+    sixteen_bit_base = not on_cpu and train.adapters and plan.weights_dtype != "fp32"
     dtype = getattr(torch, TORCH_DTYPES[placement.precision if sixteen_bit_base else "fp32"])
-    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, trust_remote_code=job.trust_remote_code)
+    quantized = {"quantization_config": BitsAndBytesConfig(**settings["quantization"]),
+                 "device_map": quantized_device_map(placement)} if settings["quantization"] else {}
+    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, trust_remote_code=job.trust_remote_code,
+                                                 **quantized)
     # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.
     model.config.use_cache = False
     dataset = Dataset.from_parquet(str(split_file(job.prepared_dir))).select_columns(settings["columns"])

@@ -38,11 +38,15 @@ class Unsloth:
               "train.objective": "job.objective",
               "train.method": "job.method",
               "train.checkpoint_minutes": "job.checkpoint_seconds",
+              # Unsloth's 4-bit loader quantizes to nf4 with double quantization, its own choice (capabilities).
+              "train.quantization.bits": "job.load_in_4bit",
+              **{field: "capabilities" for field in ("train.lora.use_dora", "train.quantization.quant_type",
+                                                     "train.quantization.double_quant")},
               "hardware.accelerator": "job.trainer.use_cpu",
               **{field: "capabilities" for field in ("hardware.gpus", "hardware.nodes", "hardware.processes")}}
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        if train.method == "lora" and train.lora.target_modules == ["all-linear"]:
+        if train.adapters and train.lora.target_modules == ["all-linear"]:
             raise XtrainError(
                 "train.backend unsloth: train.lora.target_modules ['all-linear'] is not understood by Unsloth's "
                 "get_peft_model; list the module names (e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
@@ -64,8 +68,9 @@ class Unsloth:
                 "columns": trained_columns(train.objective, packed),
                 "seq_len": plan.data.seq_len,
                 "method": train.method,
+                "load_in_4bit": train.method == "qlora",
                 "weights_dtype": plan.weights_dtype if accelerator != "cpu" else "fp32",
-                "lora": train.lora.peft_kwargs() if train.method == "lora" else None,
+                "lora": train.lora.peft_kwargs() if train.adapters else None,
                 "gradient_checkpointing": plan.gradient_checkpointing,
                 "seed": train.seed,
                 "trust_remote_code": job.trust_remote_code,
