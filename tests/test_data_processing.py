@@ -3,6 +3,8 @@ over-length rows, packing (and that packed sequences stay apart in the model), a
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -11,6 +13,7 @@ import torch
 from test_data import chat, leftovers, model_with_template, qa, write_jsonl
 
 from xtrain.data import prepare
+from xtrain.data.lengths import model_positions
 from xtrain.errors import XtrainError
 from xtrain.models.tiny import CHATML_TEMPLATE
 from xtrain.recipe import Data, DataSource
@@ -93,18 +96,39 @@ def test_templates_that_would_train_badly_are_refused(tiny_model, tmp_path, temp
 # --- length handling ------------------------------------------------------------------------------
 
 
-def test_over_length_rows_are_truncated_or_dropped_with_counts(tiny_model, tmp_path):
+def test_over_length_rows_are_truncated_or_dropped_with_counts(tiny_model, tmp_path, caplog):
     long_answer = chat(("user", "Count."), ("assistant", " ".join(f"n{i}" for i in range(300))))
     long_prompt = chat(("user", " ".join(f"w{i}" for i in range(300))), ("assistant", "Done."))
     source = write_jsonl(tmp_path / "c.jsonl", [qa(i) for i in range(20)] + [long_answer, long_prompt])
     dropped = run(tiny_model, tmp_path / "drop", source, seq_len=64)
-    truncated = run(tiny_model, tmp_path / "cut", source, seq_len=64, over_length="truncate")
+    with caplog.at_level(logging.WARNING, logger="xtrain.data.pipeline"):
+        truncated = run(tiny_model, tmp_path / "cut", source, seq_len=64, over_length="truncate", drop_warning=0.04)
     assert dropped["sources"][str(source)]["dropped"] == {"over seq_len": 2}
     stats = truncated["sources"][str(source)]
     # The long prompt leaves nothing to train on once cut; the long answer keeps its first tokens.
     assert (stats["kept"], stats["truncated"], stats["dropped"]) == (21, 1, {"no supervised tokens": 1})
     lengths = [len(r["input_ids"]) for name in ("train", "eval") for r in rows(tmp_path / "cut", name)]
     assert max(lengths) == 64
+    # Cutting answers is said on the console with its count, as drops are, and with the seq_len that keeps them.
+    cut = next(w for w in truncated["warnings"] if "truncated" in w)
+    assert cut in caplog.messages
+    assert re.search(r"1 of 22 rows \(5%\) truncated to data.seq_len 64 .*end-of-turn token.*not trained; "
+                     r".*data.seq_len: \d+ keeps .*, or data.over_length: drop leaves them out", cut), cut
+
+
+def test_a_seq_len_beyond_the_models_positions_is_refused_naming_both(tiny_model, tmp_path):
+    source = write_jsonl(tmp_path / "c.jsonl", [qa(i) for i in range(20)])
+    with pytest.raises(XtrainError, match=r"data.seq_len 2048 is longer than the model's 1024 positions "
+                                          r"\(max_position_embeddings and rope_scaling in .*config.json\)"):
+        run(tiny_model, tmp_path / "out", source, seq_len=2048)
+    assert not (tmp_path / "out").exists()
+    # RoPE scaling that stretches the trained positions counts; Llama 3's already counts in max_position_embeddings.
+    assert model_positions({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 4}}) == 16384
+    assert model_positions({"max_position_embeddings": 32768, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}) == 131072
+    assert model_positions({"max_position_embeddings": 131072, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}) == 131072
+    assert model_positions({"n_positions": 1024}) == 1024 and model_positions({}) is None
 
 
 # --- packing --------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ each public format's own shape; the supervised text is compared through two real
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def family(tiny_model: Path, folder: Path, name: str, tokens: list[str]) -> Path
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.chat_template = trl_template(name)
     model = AutoModelForCausalLM.from_pretrained(out)
+    model.config.max_position_embeddings = 32768  # the family's context; the tiny model's RoPE places any position
     model.resize_token_embeddings(len(tokenizer))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -143,20 +145,24 @@ def test_placeholders_warn_with_names_and_counts_or_are_filled(models, tmp_path)
         run(models["qwen2_5"], rows, tmp_path / "half", source={"replace": {"name": "Ada"}})
 
 
-def test_heavy_drops_warn_with_the_reason_and_the_setting_that_keeps_them(models, tmp_path):
-    rows = [{"messages": [{"role": "user", "content": "word " * (10 if i % 2 else 1500)},
-                          {"role": "assistant", "content": f"Answer {i}."}]} for i in range(40)]
-    manifest, _ = run(models["qwen2_5"], rows, tmp_path, seq_len=512)
+def test_heavy_drops_warn_with_the_reason_and_the_setting_that_keeps_them(models, tiny_model, tmp_path):
+    def rows(long: int, every: int) -> list[dict]:
+        return [{"messages": [{"role": "user", "content": "word " * (long if i % every == 0 else 10)},
+                              {"role": "assistant", "content": f"Answer {i}."}]} for i in range(40)]
+
+    manifest, _ = run(models["qwen2_5"], rows(700, 2), tmp_path, seq_len=512)
     warning, = manifest["warnings"]
     assert "20 of 40 rows (50%) dropped (20 over seq_len)" in warning
     assert "95th-percentile length" in warning and "data.over_length: truncate" in warning
     p95 = int(warning.split("data.seq_len: ")[1].split(" ")[0])
-    assert p95 > 512, "the advised seq_len is above the one that dropped them"
-    rows = [{"messages": [{"role": "user", "content": "word " * (1500 if i == 0 else 10)},
-                          {"role": "assistant", "content": f"Answer {i}."}]} for i in range(40)]
-    manifest, _ = run(models["qwen2_5"], rows, tmp_path / "one-outlier", seq_len=512, drop_warning=0.02)
+    assert 512 < p95 <= 1024, "the advised seq_len is above the one that dropped them, within the model's positions"
+    manifest, _ = run(models["qwen2_5"], rows(700, 40), tmp_path / "one-outlier", seq_len=512, drop_warning=0.02)
     longest = int(manifest["warnings"][0].split("data.seq_len: ")[1].split(" ")[0])
-    assert longest > 512 and "keeps them all" in manifest["warnings"][0]
+    assert 512 < longest <= 1024 and "keeps them all" in manifest["warnings"][0]
+    # Rows longer than the demo model's 1024 positions: the advice stops at them.
+    manifest, _ = run(tiny_model, rows(1500, 2), tmp_path / "beyond", seq_len=512)
+    assert re.search(r"data.seq_len: 1024, the model's positions, keeps the most \(keeping 95% of them needs 1\d{3}\)",
+                     manifest["warnings"][0]), manifest["warnings"][0]
 
 
 @pytest.mark.parametrize(("rows", "kind", "setting"), [

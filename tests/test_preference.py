@@ -21,6 +21,7 @@ from xtrain.plan import make_plan
 from xtrain.recipe import DATA_KINDS, Data, DataSource, Hardware, Train
 from xtrain.train.backends.contract import TrainJob
 from xtrain.train.backends.registry import get_backend
+from xtrain.train.run import train_metrics
 
 REAL = REPO / "data/real"
 PAIRS = REPO / "data/pref/colours_sums.jsonl"
@@ -50,7 +51,7 @@ def rows_of(prepared: Path) -> list[dict]:
 
 def test_llamafactory_typed_pairs_keep_the_prompt_once_and_each_answer_whole(tiny_model, tokenizer, tmp_path):
     source = [json.loads(line) for line in (REAL / "v1_dpo_demo.jsonl").read_text().splitlines()]
-    manifest, prepared = run(tiny_model, REAL / "v1_dpo_demo.jsonl", tmp_path, seq_len=4096)
+    manifest, prepared = run(tiny_model, REAL / "v1_dpo_demo.jsonl", tmp_path, seq_len=1024)
     stats = manifest["sources"][str(REAL / "v1_dpo_demo.jsonl")]
     assert stats["format"] == "message_pairs" and stats["kept"] + sum(stats["dropped"].values()) == len(source)
     answers = {(r["chosen_messages"][-1]["content"][0]["value"], r["rejected_messages"][-1]["content"][0]["value"])
@@ -64,7 +65,7 @@ def test_llamafactory_typed_pairs_keep_the_prompt_once_and_each_answer_whole(tin
 
 def test_sharegpt_pairs_from_llamafactory(tiny_model, tokenizer, tmp_path):
     source = json.loads((REAL / "dpo_zh_demo.json").read_text())
-    manifest, prepared = run(tiny_model, REAL / "dpo_zh_demo.json", tmp_path, seq_len=2048)
+    manifest, prepared = run(tiny_model, REAL / "dpo_zh_demo.json", tmp_path, seq_len=1024)
     stats = manifest["sources"][str(REAL / "dpo_zh_demo.json")]
     assert stats["format"] == "sharegpt_pairs" and stats["rows"] == 300
     assert set(stats["dropped"]) <= {"over seq_len", "duplicate"} and stats["kept"] > 0
@@ -100,10 +101,49 @@ def test_unusable_pairs_are_dropped_with_their_reason(tiny_model, tmp_path):
     rows = [{"prompt": f"Q{i}?", "chosen": f"A{i}.", "rejected": f"B{i}."} for i in range(30)]
     rows += [{"prompt": "Same?", "chosen": "Yes.", "rejected": "Yes."}, {"prompt": "Empty?", "chosen": " ", "rejected": "No."},
              dict(rows[0]), {"prompt": "Long? " + "word " * 400, "chosen": "A.", "rejected": "B."}]
-    manifest, _ = run(tiny_model, rows, tmp_path, seq_len=256)
+    manifest, _ = run(tiny_model, rows, tmp_path, seq_len=256, drop_warning=0.1)
     stats = next(iter(manifest["sources"].values()))
     assert stats["dropped"] == {"chosen identical to rejected": 1, "empty answer": 1, "duplicate": 1, "over seq_len": 1}
     assert stats["kept"] == 30
+    warning, = manifest["warnings"]
+    assert "4 of 34 rows (12%) dropped" in warning
+    advised = int(re.search(r"data.seq_len: (\d+) keeps them all", warning)[1])
+    assert 256 < advised <= 1024, "the longest pair's length, within the model's 1024 positions"
+
+
+def hh(*turns: str) -> str:
+    """An HH-RLHF transcript of alternating Human / Assistant turns."""
+    return "".join(f"\n\n{'Human' if i % 2 == 0 else 'Assistant'}: {text}" for i, text in enumerate(turns))
+
+
+def test_hh_rlhf_transcripts_split_into_prompt_and_answers_as_trl_splits_them(tiny_model, tokenizer, tmp_path):
+    rows = [{"chosen": hh(f"What is {i} plus {i}?", f"It is {2 * i}."),
+             "rejected": hh(f"What is {i} plus {i}?", f"It is {2 * i + 1}, I think.")} for i in range(20)]
+    rows += [{"chosen": hh("Hi", "Hello!", f"Which colour is sky {i}?", "Blue."),
+              "rejected": hh("Hi", "Hello!", f"Which colour is sky {i}?", "Green.")} for i in range(10)]
+    # TRL's hh-rlhf script: the common text up to the last shared "\n\nAssistant: " is the prompt, its earlier turns
+    # the chat (an answer starting like the other stays whole), and the rest of each transcript is its answer.
+    from xtrain.data.preference import PreferenceReader
+
+    reader = PreferenceReader(DataSource(path="hh.jsonl"), "hh_pairs")
+    assert reader.read(rows[3]) == {"prompt": [{"role": "user", "content": "What is 3 plus 3?"}],
+                                    "chosen": {"role": "assistant", "content": "It is 6."},
+                                    "rejected": {"role": "assistant", "content": "It is 7, I think."}, "tools": None}
+    assert reader.read(rows[20])["prompt"] == [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!", "train": False},
+        {"role": "user", "content": "Which colour is sky 0?"}]
+    manifest, prepared = run(tiny_model, rows, tmp_path)
+    stats = next(iter(manifest["sources"].values()))
+    assert (stats["format"], stats["kept"], stats["dropped"]) == ("hh_pairs", 30, {}), "every row kept"
+    for row in rows_of(prepared):
+        prompt, chosen = tokenizer.decode(row["prompt_ids"]), tokenizer.decode(row["chosen_ids"])
+        assert prompt.endswith("<|im_start|>assistant\n") and "Human:" not in prompt + chosen
+        assert chosen in ("Blue.<|im_end|>", *(f"It is {2 * i}.<|im_end|>" for i in range(20)))
+    # Text with no prompt to split off is refused, naming the format and the conversions.
+    plain = [{"chosen": f"It is {2 * i}.", "rejected": f"It is {2 * i + 1}."} for i in range(10)]
+    with pytest.raises(XtrainError, match=r"rows.jsonl.*format message_pairs .*no prompt to split off: give the "
+                                          r"prompt in a `prompt` column .* HH-RLHF transcript"):
+        run(tiny_model, plain, tmp_path / "plain")
 
 
 def test_unread_columns_are_listed_and_sft_column_maps_are_refused(tiny_model, tmp_path):
@@ -228,7 +268,10 @@ def test_orpo_trains_on_the_pairs_without_a_reference_model(tiny_model, tmp_path
     plan = make_plan(tiny_model, manifest, train, Hardware())
     job = TrainJob(tiny_model, prepared, plan, train, Hardware(), tmp_path / "checkpoint", tmp_path / "work", None)
     job.out.mkdir()
-    steps = [e for e in get_backend("trl_cpu").run(job).log_history if "nll_loss" in e]
+    result = get_backend("trl_cpu").run(job)
+    steps = [e for e in result.log_history if "nll_loss" in e]
+    # Both sequences of each pair (prompt + answer) count as tokens seen, so train_metrics.json has a rate.
+    assert result.tokens_seen >= 6 * 8 * 2 and train_metrics(result)["tokens_per_second"] > 0
     # ORPO's loss is the answers' NLL plus beta times the odds-ratio term, which is positive.
     assert all(e["loss"] > e["nll_loss"] for e in steps)
     assert steps[-1]["nll_loss"] < steps[0]["nll_loss"], "the chosen answers are learned (the SFT part)"

@@ -1,6 +1,6 @@
 """Everything checked about a recipe before any job runs: its schema, its paths, its model (the files of its folder:
-a tokenizer, safetensors weights, an architecture transformers knows or `model.trust_remote_code`, and what a GGUF
-export will need), its lm-eval task folder (no Python unless `eval.lm_eval.trust_code`), its data (each local
+a tokenizer, safetensors weights, an architecture transformers knows or `model.trust_remote_code`, positions for
+`data.seq_len`, and what a GGUF export will need), its lm-eval task folder (no Python unless `eval.lm_eval.trust_code`), its data (each local
 source's format is detected and its first rows parse), its batch layout and what its backend can honour.
 
 The workflow (rules/common.smk) runs `preflight` on every recipe as it starts, so a mistake costs no
@@ -14,6 +14,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from .data.lengths import check_seq_len
 from .data.pipeline import check_first_rows
 from .errors import XtrainError
 from .evaluate.harness import check_task_code
@@ -34,9 +35,12 @@ def preflight(path: str | Path, project: Path, allowed: Iterable[str] = (), buil
     recipe = load_recipe(path)
     check_recipe_paths(recipe, str(path), project, allowed, built)
     try:
-        folder = project / model_folder(recipe.model)  # a hub model must be in the cache
-        if (folder / "config.json").is_file():  # else a rule builds it
+        # A hub model must be in the cache. A recipe on another recipe's checkpoint (model.recipe) has its model
+        # checked where its chain starts, and the chain by xtrain.chain.check_chains, once every recipe is read.
+        folder = project / model_folder(recipe.model) if recipe.model.recipe is None else None
+        if folder is not None and (folder / "config.json").is_file():  # else a rule builds it
             check_model_folder(folder, recipe.model, recipe.export)
+            check_seq_len(folder, recipe.data.seq_len)
         if recipe.eval.lm_eval is not None:
             check_task_code(recipe.eval.lm_eval, project)
         for source in recipe.data.sources:

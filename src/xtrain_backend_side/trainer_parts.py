@@ -146,4 +146,15 @@ def preference_trainer(objective: str):
                 row |= {f"{name}_input_ids": ids, f"{name}_attention_mask": [1] * len(ids), f"{name}_labels": labels}
             return row
 
+        def _track_num_input_tokens(self, inputs):
+            """Tokens seen (for tokens/s): ORPO's batches hold no `input_ids`, which is what transformers counts, but
+            each answer after its prompt; both sequences go through the model, so both count (padding left out)."""
+            import torch
+
+            if self.args.include_num_input_tokens_seen == "no":
+                return
+            tokens = sum(inputs[f"{name}_attention_mask"].sum() for name in ("chosen", "rejected"))
+            tokens = torch.as_tensor(tokens, device=self.args.device, dtype=torch.int64)
+            self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
+
     return XtrainORPOTrainer

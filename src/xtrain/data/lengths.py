@@ -1,9 +1,12 @@
-"""Token sequences fitted to data.seq_len: plain documents longer than it split into blocks, other rows
-truncated or marked to be dropped (data.over_length), and rows with nothing left to train on marked too."""
+"""Token sequences fitted to data.seq_len: a seq_len the model's positions cannot hold refused, plain documents longer
+than it split into blocks, other rows truncated or marked to be dropped (data.over_length), and rows with nothing
+left to train on marked too."""
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -11,10 +14,58 @@ import pyarrow.compute as pc
 
 from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK
 
+from ..errors import XtrainError
 from ..recipe import Data
 from .formats import TEXT_ROLE, Chat
 
 log = logging.getLogger(__name__)
+
+# RoPE scalings that stretch the positions a model was trained on by their `factor` (Llama 3's `llama3` and Phi-3's
+# `longrope` already count theirs in max_position_embeddings).
+STRETCHING_ROPE = ("linear", "dynamic", "yarn")
+
+
+def model_positions(config: dict) -> int | None:
+    """The longest sequence a model's config.json says it can place: max_position_embeddings (GPT-2's family:
+    n_positions), or its RoPE scaling's factor times the positions it stretches, whichever is more; None when the
+    config names neither."""
+    positions = config.get("max_position_embeddings") or config.get("n_positions")
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    kind, factor = scaling.get("rope_type", scaling.get("type")), scaling.get("factor")
+    if positions and kind in STRETCHING_ROPE and isinstance(factor, int | float) and factor > 1:
+        positions = max(positions, int(factor * (scaling.get("original_max_position_embeddings") or positions)))
+    return positions
+
+
+def read_positions(model_dir: Path) -> int | None:
+    """`model_positions` of the model folder's config.json (None without one)."""
+    config = model_dir / "config.json"
+    return model_positions(json.loads(config.read_text(encoding="utf-8"))) if config.is_file() else None
+
+
+def check_seq_len(model_dir: Path, seq_len: int) -> None:
+    """data.seq_len no longer than the positions the model can place: beyond them it would train on positions it has
+    never seen (learned embeddings fail outright, RoPE quietly degrades)."""
+    positions = read_positions(model_dir)
+    if positions is not None and seq_len > positions:
+        raise XtrainError(
+            f"data.seq_len {seq_len} is longer than the model's {positions} positions (max_position_embeddings and "
+            f"rope_scaling in {model_dir / 'config.json'}): set data.seq_len to {positions} or less (data.over_length "
+            "says what happens to longer rows), or use a model with a longer context"
+        )
+
+
+def seq_len_advice(lengths: np.ndarray, seq_len: int, positions: int | None) -> str:
+    """Which data.seq_len keeps rows of these `lengths` (a source's, some over `seq_len`): 95% of them, or all of
+    them, as long as the model's positions allow."""
+    p95, longest = int(np.percentile(lengths, 95)), int(lengths.max())
+    target, kept = (p95, "95% of them") if p95 > seq_len else (longest, "them all")
+    if positions is None or target <= positions:
+        return (f"its rows' 95th-percentile length is {p95} tokens: " if target == p95 else "") + \
+            f"data.seq_len: {target} keeps {kept}"
+    if seq_len < positions:
+        return f"data.seq_len: {positions}, the model's positions, keeps the most (keeping {kept} needs {target})"
+    return f"no data.seq_len keeps more: keeping {kept} needs {target} tokens, the model has {positions} positions"
 
 
 def split_documents(table: pa.Table, chats: list[Chat], origin: list[int], data: Data):
@@ -45,7 +96,8 @@ def split_documents(table: pa.Table, chats: list[Chat], origin: list[int], data:
 
 
 def fit_lengths(table: pa.Table, seq_len: int, over_length: str) -> tuple[pa.Table, np.ndarray, list[str | None]]:
-    """Truncate or mark over-length rows; rows with nothing left to train on are marked too."""
+    """Truncate or mark over-length rows; rows with nothing left to train on are marked too. Returns the table, each
+    row's length before it was fitted, and the reasons."""
     lengths = pc.list_value_length(table[INPUT_IDS]).to_numpy()
     masks = table[LOSS_MASK].combine_chunks()
     ends = masks.offsets.to_numpy()
@@ -58,4 +110,4 @@ def fit_lengths(table: pa.Table, seq_len: int, over_length: str) -> tuple[pa.Tab
     ]
     if over_length == "truncate":
         table = pa.table({name: pc.list_slice(table[name], 0, seq_len) for name in table.column_names})
-    return table, lengths > seq_len, reasons
+    return table, lengths, reasons

@@ -17,11 +17,11 @@ from typing import Any
 
 from ..errors import XtrainError
 from ..recipe import Data, DataSource
-from . import preference
+from . import preference, prompts
 from .chats import apply_policies, fill_placeholders
 from .dedupe import NearDuplicates, exact_key
 from .formats import TEXT_ROLE, Chat, Normaliser, drop_reason, read_rows, source_format
-from .lengths import fit_lengths, split_documents
+from .lengths import check_seq_len, fit_lengths, read_positions, split_documents
 from .output import write_output
 from .packing import pack
 from .report import count_kept, drop_warnings, preference_warnings, preview, split_stats
@@ -35,28 +35,33 @@ log = logging.getLogger(__name__)
 
 def prepare(
     sources: list[Path], model_dir: Path, data: Data, out: Path, trust_remote_code: bool = False,
-    kind: str = "chats", limit: int | None = None,
+    kind: str = "chats", limit: int | None = None, prompt_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build `out` (train/eval Parquet, manifest.json, preview.txt) atomically; return the manifest.
 
     `sources` are the local files of `data.sources` in order (hub sources have none); `kind` (recipe.DATA_KINDS of
-    train.objective) says whether they hold chats (sft), pairs (dpo, orpo) or labelled answers (kto). `limit`
-    reads only each source's first rows (the smoke stage).
+    train.objective) says whether they hold chats (sft), pairs (dpo, orpo), labelled answers (kto) or prompts (grpo,
+    with `prompt_settings`: the prepare slice's `prompts`). `limit` reads only each source's first rows (the smoke
+    stage).
     """
     from datasets import Dataset
     from transformers import AutoTokenizer
 
+    check_seq_len(model_dir, data.seq_len)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    if kind == "prompts":
+        return prompts.prepare_prompts(list(zip(data.sources, local_paths(data, sources))), tokenizer, model_dir, data,
+                                       out, prompt_settings, limit)
     if kind != "chats":
         return prepare_preference(sources, tokenizer, model_dir, data, out, kind, limit)
     chats, origin, per_source = read_all_chats(sources, data, limit)
     chats, template, end_of_turn = normalise_chats(chats, tokenizer, model_dir, data)
     table = tokenize_chats(chats, tokenizer, template, data)
     table, chats, origin, blocks = split_documents(table, chats, origin, data)
-    table, over, reasons = fit_lengths(table, data.seq_len, data.over_length)
-    splits, row_hashes = split_chats(chats, origin, reasons, blocks, over, per_source, data)
+    table, lengths, reasons = fit_lengths(table, data.seq_len, data.over_length)
+    splits, row_hashes = split_chats(chats, origin, reasons, blocks, lengths > data.seq_len, per_source, data)
     count_kept(per_source, "truncated")
-    warnings = drop_warnings(per_source, data, table, origin, list(per_source))
+    warnings = drop_warnings(per_source, data, lengths, origin, read_positions(model_dir))
     for warning in warnings:
         log.warning("%s", warning)
     check_splits(splits, per_source, warnings)
@@ -94,9 +99,9 @@ def prepare_preference(sources: list[Path], tokenizer, model_dir: Path, data: Da
     end_of_turn = check_template(tokenizer, template)
     rendered = [[apply_policies(chat, data, template) for chat in preference.chats(example)] for example in examples]
     encoded = encode_in_batches(tokenizer, template, [chat for chats in rendered for chat in chats])
-    splits = split_examples(examples, rendered, origin, encoded, per_source, data, kind)
+    splits, lengths = split_examples(examples, rendered, origin, encoded, per_source, data, kind)
     count_kept(per_source)
-    warnings = preference_warnings(per_source, data)
+    warnings = preference_warnings(per_source, data, lengths, origin, read_positions(model_dir))
     for warning in warnings:
         log.warning("%s", warning)
     check_splits(splits, per_source, warnings)
@@ -134,6 +139,8 @@ def check_first_rows(source: DataSource, path: Path, kind: str = "chats", rows: 
     """Before any job: a local source's first rows are read, its format detected (chats for sft, preference data
     for dpo/kto), and those rows parsed; the format."""
     found = read_source(source, path, limit=rows)
+    if kind == "prompts":
+        return prompts.read_prompts(source, found, set())[0]
     if kind != "chats":
         return preference.read_examples(source, found, kind, set())[0]
     fmt = source_format(source, found)

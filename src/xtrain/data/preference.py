@@ -9,6 +9,9 @@ A pair is `{"prompt": [messages], "chosen": message, "rejected": message, "tools
 - `sharegpt_pairs`: LLaMA-Factory's `conversations` (the prompt) + `chosen` / `rejected` turns ({from, value});
 - `alpaca_pairs`: `instruction` / `input` (and `system`, `history`) + `chosen` / `rejected` answers;
 - `prompt_pairs`: TRL's `prompt` / `chosen` / `rejected`, as text or as message lists;
+- `hh_pairs`: Anthropic's HH-RLHF `chosen` / `rejected` transcripts (`\n\nHuman: ...\n\nAssistant: ...`), split as
+  TRL's hh-rlhf script splits them: the text both share up to their last common `\n\nAssistant: ` is the prompt (its
+  earlier turns the chat), and what follows it in each is the answer;
 - `labelled`: `messages` or `conversations` (the last turn is the answer) or TRL's `prompt` / `completion`, with a
   boolean `label` (or its text) or LLaMA-Factory's `kto_tag`.
 
@@ -18,6 +21,8 @@ tokens are kept once, and each answer's tokens are exactly its supervised span (
 
 from __future__ import annotations
 
+import os
+import re
 from collections import Counter
 from typing import Any
 
@@ -48,10 +53,19 @@ READ_COLUMNS = {
     "sharegpt_pairs": {"conversations", "chosen", "rejected", "system", "tools"},
     "alpaca_pairs": {"instruction", "input", "chosen", "rejected", "system", "history"},
     "prompt_pairs": {"prompt", "chosen", "rejected", "tools"},
+    "hh_pairs": {"chosen", "rejected"},
     "labelled": {"messages", "conversations", "prompt", "completion", "label", "kto_tag", "system", "tools"},
 }
 ANSWER_KEYS = {"pairs": ("chosen", "rejected"), "labelled": ("completion",)}
 SFT_HINT = "supervised chat data (no chosen/rejected answers, no label): set train.objective: sft"
+# HH-RLHF's transcript turns, as TRL's hh-rlhf script splits them.
+HH_HUMAN, HH_ASSISTANT = "\n\nHuman: ", "\n\nAssistant: "
+HH_TURNS = re.compile(f"({re.escape(HH_ASSISTANT)}|{re.escape(HH_HUMAN)})")
+UNSPLIT_TEXT = (
+    "`chosen` and `rejected` are text with no prompt to split off: give the prompt in a `prompt` column (TRL's "
+    "prompt/chosen/rejected), write each as a message list ending in the assistant's answer, or as an HH-RLHF "
+    "transcript (`\\n\\nHuman: ...\\n\\nAssistant: ...`)"
+)
 
 
 def detect(row: dict[str, Any], kind: str) -> str:
@@ -67,6 +81,10 @@ def detect(row: dict[str, Any], kind: str) -> str:
         raise XtrainError(f"this source holds {SFT_HINT}, or KTO rows lack a `label`/`kto_tag` column (columns: "
                           f"{sorted(row)})")
     found = next((fmt for columns, fmt in PAIR_FORMATS if all(column in row for column in columns)), None)
+    if found == "message_pairs" and "chosen_messages" not in row and isinstance(row["chosen"], str):
+        if is_hh_transcript(row["chosen"]):
+            return "hh_pairs"
+        raise XtrainError(f"format message_pairs (TRL's implicit prompt): {UNSPLIT_TEXT}")
     if found:
         return found
     if any(column in row for column in LABEL_COLUMNS):
@@ -125,6 +143,27 @@ class PreferenceReader:
             raise RowError("chosen", "with a `prompt` column, `chosen` and `rejected` are one answer each")
         return pair(prompt, chosen[0], rejected[0], self.chats.tools(row))
 
+    def read_hh_pairs(self, row: dict[str, Any]) -> Example:
+        texts = []
+        for key in ("chosen", "rejected"):
+            if not isinstance(row[key], str) or not is_hh_transcript(row[key]):
+                raise RowError(key, f"format hh_pairs reads a transcript `{HH_HUMAN!r}...{HH_ASSISTANT!r}...`, got "
+                               f"{str(row[key])[:60]!r}; {UNSPLIT_TEXT}")
+            texts.append(row[key])
+        chosen, rejected = texts
+        prompt = os.path.commonprefix(texts)
+        if not prompt.endswith(HH_ASSISTANT):  # the answers start alike: the prompt ends at their shared turn
+            if HH_ASSISTANT not in prompt:
+                raise RowError("rejected", f"differs from `chosen` before the first {HH_ASSISTANT!r}; a pair shares "
+                               "its prompt")
+            prompt = prompt[: prompt.rfind(HH_ASSISTANT)] + HH_ASSISTANT
+        turns = HH_TURNS.split(prompt[: -len(HH_ASSISTANT)])
+        if turns[0]:
+            raise RowError("chosen", f"text before the first {HH_HUMAN!r} turn: {turns[0][:60]!r}")
+        messages = [{"role": "user" if mark == HH_HUMAN else "assistant", "content": content}
+                    for mark, content in zip(turns[1::2], turns[2::2])]
+        return pair(messages, *({"role": "assistant", "content": text[len(prompt):]} for text in texts), None)
+
     def read_labelled(self, row: dict[str, Any]) -> Example:
         label = row.get("label", row.get("kto_tag"))
         if not is_kto_label(label):
@@ -138,6 +177,10 @@ class PreferenceReader:
                 {"role": "user", "content": row["prompt"]}]
             completion, tools = self.messages(row["completion"], "completion")[-1], self.chats.tools(row)
         return {"prompt": context(prompt), "completion": answer(completion), "label": label, "tools": tools}
+
+
+def is_hh_transcript(text: str) -> bool:
+    return text.startswith(HH_HUMAN) and HH_ASSISTANT in text
 
 
 def pair(prompt: list[dict], chosen: dict, rejected: dict, tools: str | None) -> Example:

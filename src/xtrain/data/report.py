@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, SEQ_LENGTHS, is_packed
 
 from ..recipe import Data
+from .lengths import seq_len_advice
 
 HISTOGRAM_BINS = 16
 PREVIEW_ROWS = 3
@@ -77,26 +78,29 @@ def count_kept(per_source: dict, *zeroed: str) -> None:
             stats.setdefault(count, 0)
 
 
-def drop_warnings(per_source: dict, data: Data, table: pa.Table, origin: list[int], names: list[str]) -> list[str]:
-    """A warning for each source that lost data.drop_warning or more of its rows: how many, why, and what keeps them."""
-    lengths = pc.list_value_length(table[INPUT_IDS]).to_numpy()
+def drop_warnings(per_source: dict, data: Data, lengths: np.ndarray, origin: list[int],
+                  positions: int | None) -> list[str]:
+    """A warning for each source that lost data.drop_warning or more of its rows, or had that many truncated: how
+    many, why, and what keeps them (`lengths`: each row's tokens before it was fitted to data.seq_len; `positions`:
+    the model's)."""
     origin = np.asarray(origin)
     warnings = []
-    for index, name in enumerate(names):
-        stats = per_source[name]
+    for index, (name, stats) in enumerate(per_source.items()):
+        mine = lengths[origin == index]
         dropped = sum(stats["dropped"].values())
-        if not stats["rows"] or dropped / stats["rows"] < data.drop_warning:
-            continue
-        reasons = ", ".join(f"{count} {reason}" for reason, count in stats["dropped"].items())
-        advice = ""
-        if stats["dropped"].get("over seq_len"):
-            mine = lengths[origin == index]
-            p95, longest = int(np.percentile(mine, 95)), int(mine.max())
-            keep = (f"its rows' 95th-percentile length is {p95} tokens: data.seq_len: {p95} keeps 95% of them"
-                    if p95 > data.seq_len else f"data.seq_len: {longest} keeps them all")
-            advice = f"; {keep}, or data.over_length: truncate keeps them cut"
-        warnings.append(f"{name}: {dropped} of {stats['rows']} rows ({dropped / stats['rows']:.0%}) dropped "
-                        f"({reasons}){advice} (this warning: data.drop_warning {data.drop_warning})")
+        if stats["rows"] and dropped / stats["rows"] >= data.drop_warning:
+            reasons = ", ".join(f"{count} {reason}" for reason, count in stats["dropped"].items())
+            advice = (f"; {seq_len_advice(mine, data.seq_len, positions)}, or data.over_length: truncate keeps them "
+                      "cut" if stats["dropped"].get("over seq_len") else "")
+            warnings.append(f"{name}: {dropped} of {stats['rows']} rows ({dropped / stats['rows']:.0%}) dropped "
+                            f"({reasons}){advice} (this warning: data.drop_warning {data.drop_warning})")
+        cut = stats.get("truncated", 0)
+        if stats["rows"] and cut and cut / stats["rows"] >= data.drop_warning:
+            warnings.append(
+                f"{name}: {cut} of {stats['rows']} rows ({cut / stats['rows']:.0%}) truncated to data.seq_len "
+                f"{data.seq_len} (data.over_length: truncate): their tokens past it, the answer's end and its "
+                f"end-of-turn token among them, are not trained; {seq_len_advice(mine, data.seq_len, positions)}, or "
+                f"data.over_length: drop leaves them out (this warning: data.drop_warning {data.drop_warning})")
     return warnings + placeholder_warnings(per_source)
 
 
@@ -111,14 +115,17 @@ def placeholder_warnings(per_source: dict) -> list[str]:
     return warnings
 
 
-def preference_warnings(per_source: dict, data: Data) -> list[str]:
-    """A warning for each source that lost data.drop_warning or more of its rows, and for unfilled placeholders."""
-    warnings = []
-    for name, stats in per_source.items():
+def preference_warnings(per_source: dict, data: Data, lengths: np.ndarray, origin: list[int],
+                        positions: int | None) -> list[str]:
+    """A warning for each source that lost data.drop_warning or more of its rows (with the data.seq_len that keeps
+    them; `lengths`: each example's prompt + longer answer), and for unfilled placeholders."""
+    origin, warnings = np.asarray(origin), []
+    for index, (name, stats) in enumerate(per_source.items()):
         dropped = sum(stats["dropped"].values())
         if stats["rows"] and dropped / stats["rows"] >= data.drop_warning:
             reasons = ", ".join(f"{count} {reason}" for reason, count in stats["dropped"].items())
-            advice = "; a larger data.seq_len keeps the long ones" if stats["dropped"].get("over seq_len") else ""
+            advice = (f"; {seq_len_advice(lengths[origin == index], data.seq_len, positions)}"
+                      if stats["dropped"].get("over seq_len") else "")
             warnings.append(f"{name}: {dropped} of {stats['rows']} rows ({dropped / stats['rows']:.0%}) dropped "
                             f"({reasons}){advice} (this warning: data.drop_warning {data.drop_warning})")
     return warnings + placeholder_warnings(per_source)

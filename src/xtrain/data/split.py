@@ -54,16 +54,19 @@ def split_chats(chats: list[Chat], origin: list[int], reasons: list[str | None],
 
 def split_examples(examples: list[preference.Example], rendered: list[list[Chat]], origin: list[int],
                    encoded: Iterator[tuple[list[int], list[int]]], per_source: dict, data: Data,
-                   kind: str) -> dict[str, list[dict]]:
+                   kind: str) -> tuple[dict[str, list[dict]], np.ndarray]:
     """The rows of each split of preference examples, by prompt so that examples sharing a prompt stay in one split:
     each example's prompt tokens once and each answer's tokens (from `encoded`, its chats' tokens in order); examples
-    longer than data.seq_len are counted as dropped in `per_source`."""
+    longer than data.seq_len are counted as dropped in `per_source`. Also each example's length (prompt + the longer
+    answer)."""
     columns = preference.COLUMNS[kind]
     splits: dict[str, list[dict]] = {name: [] for name in SPLITS}
+    lengths = []
     for example, chats, source_index in zip(examples, rendered, origin):
         prompt_ids, answer_ids = preference.answer_tokens([next(encoded) for _ in chats])
         stats = per_source[data.sources[source_index].name]
-        if len(prompt_ids) + max(map(len, answer_ids)) > data.seq_len:
+        lengths.append(len(prompt_ids) + max(map(len, answer_ids)))
+        if lengths[-1] > data.seq_len:
             stats["dropped"]["over seq_len"] += 1
             continue
         row = {columns[0]: prompt_ids, **dict(zip(columns[1:], answer_ids)), "row_hash": content_hash(example),
@@ -72,7 +75,7 @@ def split_examples(examples: list[preference.Example], rendered: list[list[Chat]
             splits["eval"].append(row)
         else:
             splits["train"].extend([row] * repeats(row["row_hash"], data.sources[source_index].weight))
-    return splits
+    return splits, np.array(lengths, dtype=np.int64)
 
 
 def check_splits(splits: dict[str, list], per_source: dict, warnings: list[str]) -> None:

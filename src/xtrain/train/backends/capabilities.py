@@ -34,6 +34,7 @@ class Capabilities:
     precisions: tuple[str, ...]  # autocast dtypes the plan may choose for it
     packing: bool  # trains on packed rows (data.packing: true)
     resume: bool  # continues an interrupted run from its last trainer checkpoint
+    adapter_continue: bool = False  # trains an upstream recipe's LoRA adapter further (model.adapter: continue)
     compiles: bool = False  # trains under torch.compile (and buckets batch lengths) when the plan decides it pays
     trackers: tuple[str, ...] = TRACKERS  # train.report_to values it writes to
     lora_options: tuple[str, ...] = LORA_OPTIONS  # train.lora settings beyond plain LoRA that it maps
@@ -46,12 +47,12 @@ CAPABILITIES: dict[str, Capabilities] = {
     "trl_cpu": Capabilities(
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
         methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16"),
-        packing=True, resume=True, compiles=True,
+        packing=True, resume=True, compiles=True, adapter_continue=True,
     ),
     "trl_local": Capabilities(
         status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None,
         max_processes=None, methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo"),
-        precisions=("fp32", "bf16", "fp16"), packing=True, resume=True, compiles=True,
+        precisions=("fp32", "bf16", "fp16"), packing=True, resume=True, compiles=True, adapter_continue=True,
     ),
     # One CPU process: under torchrun on the CPU, Axolotl 0.19's normalize_config sets device_map {"": LOCAL_RANK},
     # and loading the model then fails ("RuntimeError: Cannot access accelerator device when none is available").

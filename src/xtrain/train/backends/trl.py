@@ -295,6 +295,13 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     model.config.use_cache = False
     dataset = Dataset.from_parquet(str(split_file(job.prepared_dir))).select_columns(settings["columns"])
     peft_config = LoraConfig(**settings["peft"]) if settings["peft"] else None
+    if job.adapter_init is not None:
+        # model.adapter: continue: the upstream recipe's adapter trains further (its settings equal train.lora, as
+        # xtrain.chain checked). A preference trainer copies it into a frozen "ref" adapter: the reference model is
+        # the upstream checkpoint, so the first DPO loss is still ln 2.
+        from peft import PeftModel
+
+        model, peft_config = PeftModel.from_pretrained(model, job.adapter_init, is_trainable=True), None
     args = config_class(job.train.objective)(**settings["config"])
     with tracking.environment_set(settings["env"]):  # the trackers read it when the trainer starts them
         trainer = measured(trainer_class(job.train.objective))(
