@@ -31,6 +31,7 @@ from .models.gpus import DEFAULT_GPU, GPUS
 # and envs/ are checked against it (tests/test_backends.py).
 BACKENDS = ("trl_cpu", "trl_local", "axolotl", "unsloth", "torchtune", "primus")
 RECIPE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # a hub model or dataset id, `org/name`
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -95,7 +96,7 @@ class Model(Located):
         "only when config/config.yaml lists them in `allowed_paths`); null with `hub`."
     )
     hub: str | None = Field(
-        None, pattern=r"^[\w.-]+/[\w.-]+$",
+        None, pattern=HUB_ID.pattern,
         description="Hugging Face hub model id (`org/name`), read from the Hugging Face cache ($HF_HOME): download it "
         "first (`hf download org/name`); the commit used is recorded in the checkpoint manifest.",
     )
