@@ -4,6 +4,8 @@ events back."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -33,10 +35,11 @@ def test_axolotl_names_each_tracker_with_its_own_keys(tiny_model, prepared, tmp_
     launch = REGISTRY["axolotl"].native(job("axolotl", tiny_model, prepared, tmp_path, **EVERY_TRACKER))
     config = launch["config"]
     assert config["use_tensorboard"] is True
-    assert (config["use_mlflow"], config["mlflow_tracking_uri"], config["mlflow_run_name"]) == (True, "file:mlruns", "mine")
-    assert (config["wandb_project"], config["wandb_name"]) == ("xtrain", "mine")
+    assert (config["use_mlflow"], config["mlflow_tracking_uri"], config["mlflow_run_name"]) == (True, "file:mlruns",
+                                                                                                   "mine-key")
+    assert (config["wandb_project"], config["wandb_name"]) == ("xtrain", "mine-key")
     # transformers' TensorBoardCallback under Axolotl writes where the other backends do.
-    assert launch["env"]["TENSORBOARD_LOGGING_DIR"] == str((tmp_path / "runs/mine/tensorboard/key").resolve())
+    assert launch["env"]["TENSORBOARD_LOGGING_DIR"] == str((tmp_path / "runs/mine/tensorboard/mine-key").resolve())
     off = REGISTRY["axolotl"].native(job("axolotl", tiny_model, prepared, tmp_path, report_to="none"))
     assert off["config"]["use_tensorboard"] is False and not {"use_mlflow", "wandb_project"} & set(off["config"])
     assert "TENSORBOARD_LOGGING_DIR" not in off["env"]
@@ -49,7 +52,7 @@ def test_torchtune_logs_to_disk_and_to_each_tracker(tiny_model, prepared, tmp_pa
     components = {name: settings["_component_"].rsplit(".", 1)[1] for name, settings in logger["loggers"].items()}
     assert components == {"disk": "DiskLogger", "tensorboard": "TensorBoardLogger", "mlflow": "MLFlowLogger",
                           "wandb": "WandBLogger"}
-    assert logger["loggers"]["tensorboard"]["log_dir"] == str((tmp_path / "runs/mine/tensorboard/key").resolve())
+    assert logger["loggers"]["tensorboard"]["log_dir"] == str((tmp_path / "runs/mine/tensorboard/mine-key").resolve())
     assert logger["loggers"]["mlflow"]["tracking_uri"] == "file:mlruns"
     off = REGISTRY["torchtune"].native(job("torchtune", tiny_model, prepared, tmp_path, report_to=[]))["config"]
     assert list(off["metric_logger"]["loggers"]) == ["disk"], "its losses are read back from the disk log"
@@ -59,8 +62,8 @@ def test_primus_writes_tensorboard_and_wandb_and_refuses_mlflow_by_name(tiny_mod
     train = {"report_to": ["tensorboard", "wandb"]}
     overrides = REGISTRY["primus"].native(job("primus", tiny_model, prepared, tmp_path, ROCM, **train))["config"][
         "modules"]["post_trainer"]["overrides"]
-    assert overrides["tensorboard_dir"] == str((tmp_path / "runs/mine/tensorboard/key").resolve())
-    assert (overrides["wandb_project"], overrides["wandb_exp_name"]) == ("xtrain", "mine")
+    assert overrides["tensorboard_dir"] == str((tmp_path / "runs/mine/tensorboard/mine-key").resolve())
+    assert (overrides["wandb_project"], overrides["wandb_exp_name"]) == ("xtrain", "mine-key")
     reason = refusal("primus", REGISTRY["primus"].capabilities, Train(backend="primus", **EVERY_TRACKER), ROCM, False)
     assert "cannot report to mlflow (train.report_to)" in reason and "remove mlflow from train.report_to" in reason
 
@@ -92,3 +95,48 @@ def test_report_to_none_goes_alone_and_mlflow_credentials_stay_out_of_the_recipe
         Train(report_to=["mlflow"], mlflow_tracking_uri="https://me:secret@mlflow.example.org")
     with pytest.raises(ValidationError, match="add mlflow to report_to or remove mlflow_tracking_uri"):
         Train(mlflow_tracking_uri="file:mlruns")
+
+
+def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_runs_are_named_by_recipe_key_and_what_changed_and_carry_hparams_and_evaluation(tiny_model, prepared, tmp_path):
+    """The first run is `mine-<key>`; the next names the fields that differ from it, and a resumed run keeps its name;
+    after training its settings go to TensorBoard's HParams and evaluate's metrics to the same run."""
+    first = job("trl_cpu", tiny_model, prepared, tmp_path)
+    tracking.start(first)
+    assert tracking.run_name(first) == "mine-key" and tracking.tensorboard_dir(first).name == "mine-key"
+    second = job("trl_cpu", tiny_model, prepared, tmp_path, learning_rate=5e-4, lr_scheduler="constant")
+    second = dataclasses.replace(second, work_dir=second.work_dir.with_name("9f3a1c0d"))
+    tracking.start(second)
+    name = "mine-9f3a1c,learning_rate=0.0005,lr_scheduler=constant"
+    assert tracking.run_name(second) == name
+    assert REGISTRY["trl_cpu"].native(second)["env"]["TENSORBOARD_LOGGING_DIR"].endswith(f"tensorboard/{name}")
+    resumed = dataclasses.replace(job("trl_cpu", tiny_model, prepared, tmp_path, learning_rate=3e-4),
+                                  work_dir=second.work_dir, resume_from="checkpoint-4")
+    tracking.start(resumed)
+    assert tracking.run_name(resumed) == name, "a resumed run keeps its name"
+
+    folder = tracking.record_hparams(second, {"final_loss": 1.5, "tokens_per_second": 900.0, "steps": 8})
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "train_metrics.json").write_text(json.dumps({"tensorboard_run": folder, "steps": 8}))
+    tracking.log_evaluation(checkpoint, {"tuned_loss": 1.2, "loss_improvement": 0.3, "eval_rows": 40})
+    logged = scalars(Path(folder))
+    assert logged["train/final_loss"] == [(8, 1.5)] and logged["eval/tuned_loss"] == [(8, pytest.approx(1.2))]
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    session = plugin_data_pb2.HParamsPluginData.FromString(
+        events.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+    assert session.hparams["train.learning_rate"].number_value == 5e-4
+    assert session.hparams["train.lr_scheduler"].string_value == "constant"
+    tracking.remove_all_but_tracking(tmp_path / "runs" / "mine")
+    assert sorted(p.name for p in (tmp_path / "runs" / "mine").iterdir()) == ["last_run.json", "tensorboard"]

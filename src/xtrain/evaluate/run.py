@@ -24,6 +24,7 @@ from ..artifacts import read_json, write_json
 from ..models.loading import DTYPES, is_adapter, load_model
 from ..plan.schema import JobPlan
 from ..recipe import Eval
+from ..train import tracking
 from . import generations
 from .loss import load_eval_split, row_nll, supervised_nll
 from .preferences import load_preference_split
@@ -97,6 +98,7 @@ def evaluate(
     write_json(generations_out or out.with_name("generations.json"), records)
     write_json(pairs_out or out.with_name("pairs.json"), pairs.records(answer_scores, tokenizer) if pairs else [])
     write_json(out, metrics)
+    tracking.log_evaluation(checkpoint_dir, metrics)  # beside training's curves
     return metrics
 
 

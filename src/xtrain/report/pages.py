@@ -21,7 +21,7 @@ import yaml
 from ..artifacts import read_json
 from ..evaluate import gate
 from ..plan.schema import Plan, read_plan
-from ..recipe import EVAL_METRICS, Gate
+from ..recipe import EVAL_METRICS, Gate, Model
 
 BASE_COLOUR, TUNED_COLOUR = "#8c8c8c", "#1f77b4"
 STYLE = """
@@ -267,8 +267,7 @@ def recipe_rows(recipe: dict[str, Any]) -> list[list[Any]]:
     train, data = recipe["train"], recipe["data"]
     lora = f" (r {train['lora']['r']}, alpha {train['lora']['alpha']})" if train.get("lora") else ""
     return [
-        ["model", html.escape(recipe["model"]["path"] or f"hub:{recipe['model']['hub']}"
-                               + (f"@{recipe['model']['revision']}" if recipe["model"].get("revision") else ""))],
+        ["model", html.escape(Model.model_validate(recipe["model"]).name)],
         ["data", "<br>".join(html.escape(s["path"] or f"hub:{s['hub']}") for s in data["sources"])],
         ["method", html.escape(f"{train['method']}{lora} on {train['backend']}")],
         ["schedule", html.escape(f"{train['epochs']} epochs" if train["max_steps"] is None else f"{train['max_steps']} steps")
@@ -277,6 +276,31 @@ def recipe_rows(recipe: dict[str, Any]) -> list[list[Any]]:
         ["hardware", html.escape(f"{recipe['hardware']['accelerator']}, {recipe['hardware']['gpus']} GPUs × "
                                  f"{recipe['hardware']['nodes']} nodes")],
     ]
+
+
+def stage_rows(metrics: dict[str, Any], lineage: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per model of a chain (model.recipe), root first: what trained it (the checkpoint manifest's lineage)
+    and its held-out loss on this recipe's eval split (eval.json's root_, upstream_<recipe>_, base_ and tuned_)."""
+    names = ["root", *(f"upstream_{stage['recipe']}" for stage in lineage[:-2]), "base", "tuned"]
+    stages = [None, *lineage]
+    rows = []
+    for name, stage in zip(names, stages, strict=True):
+        model = lineage[0]["base_model"] if stage is None else f"recipe {stage['recipe']} ({stage['method']})"
+        rows.append([html.escape(model), "—" if stage is None else f"<code>{stage['recipe_hash'][:12]}</code>",
+                     "—" if stage is None else f"<code>{stage['data_fingerprint'][:12]}</code>",
+                     metrics[f"{name}_loss"], metrics[f"{name}_perplexity"]])
+    return rows
+
+
+def stage_section(metrics: dict[str, Any], manifest: dict[str, Any]) -> str:
+    """The stages of a recipe built on others; nothing for a recipe on a model."""
+    lineage = manifest.get("lineage", [])
+    if len(lineage) < 2:
+        return ""
+    return ("<h2>Stages</h2><p>Each model of the chain, from the root model down, on this recipe's held-out split; "
+            "base is the direct base, the upstream recipe's checkpoint.</p>"
+            + _table(["model", "recipe hash", "data fingerprint", "held-out loss", "perplexity"],
+                     stage_rows(metrics, lineage)))
 
 
 def page(title: str, body: str) -> str:
@@ -306,10 +330,11 @@ def write_report(name: str, recipe: dict[str, Any], plan_path: Path, checkpoint_
                                                                                           "eval_pairs", "reward_accuracy", "reward_margin")])
     body = f"""
 <h1>{html.escape(name)}</h1>
-<p>{html.escape(recipe['model']['path'])}, {html.escape(recipe['train']['method'])} fine-tune: did it help, and did it break anything?</p>
+<p>{html.escape(Model.model_validate(recipe['model']).name)}, {html.escape(recipe['train']['method'])} fine-tune: did it help, and did it break anything?</p>
 {verdict_banners(metrics, verdicts)}
 <h2>Base vs tuned</h2>
 {_table(["metric", "base", "tuned", "change"], metrics_rows(metrics))}
+{stage_section(metrics, read_json(checkpoint_dir / "manifest.json"))}
 {other}
 {_img(plots["metrics"], "base vs tuned metrics")}
 {preference_section(metrics, pairs)}

@@ -88,6 +88,14 @@ def train_metrics(result: TrainResult) -> dict[str, Any]:
     }
 
 
+def machine_load(at_start: tuple[float, float, float]) -> dict[str, Any]:
+    """How busy the machine was while training: its CPUs and the 1/5/15-minute load averages (processes running or
+    waiting for a CPU) when training started and ended. Load above the CPU count means other work competed for
+    them, which the report gives next to a training time that missed the plan."""
+    return {"cpus": os.cpu_count(), "load_average_start": [round(x, 2) for x in at_start],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()]}
+
+
 def sort_adapter_targets(checkpoint: Path) -> None:
     """PEFT writes an adapter's target modules in set order, which changes from run to run: sorted, two identical
     runs give identical files."""
@@ -150,13 +158,15 @@ def run_training(
             job = TrainJob(model_dir, prepared_dir, plan, train, hardware, staging, run_dir, resume_from,
                            trust_remote_code)
             tracking.start(job)
+            load_at_start = os.getloadavg()
             result = backend.run(job)
             # Whatever the backend saved, the checkpoint's template is the one the data was rendered with.
             template = prepared_dir / CHAT_TEMPLATE_FILE
             if template.is_file():
                 shutil.copyfile(template, staging / CHAT_TEMPLATE_FILE)
             sort_adapter_targets(staging)
-            metrics = train_metrics(result)
+            metrics = train_metrics(result) | {"machine": machine_load(load_at_start)}
+            metrics["tensorboard_run"] = tracking.record_hparams(job, metrics)
             write_json(staging / "train_metrics.json", metrics)
             write_generation_config(model_dir, staging, prepared.get("end_of_turn"), trust_remote_code)
             (staging / "README.md").write_text(model_card(

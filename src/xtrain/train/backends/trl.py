@@ -229,7 +229,7 @@ def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool 
         include_num_input_tokens_seen="non_padding",
         # transformers' own integrations; xtrain_backend_side.tracking adds tokens/s and memory to what they record.
         report_to=list(train.report_to),
-        run_name=tracking.recipe_name(job),
+        run_name=tracking.run_name(job),
         disable_tqdm=True,
         dataloader_num_workers=0,
         # Used only under torchrun (accelerate picks gloo on the CPU, nccl/rccl on GPUs). Every parameter that
