@@ -241,3 +241,80 @@ def test_plots_are_the_same_bytes_for_the_same_input():
         return report._svg(fig)
 
     assert plot() == plot()
+
+
+# --- what the page shows, on inputs written for it (no training) ---------------------------------------------------
+
+LONG_ANSWER = "\n".join(f"Step {i}: add {i} to the total." for i in range(40))
+
+
+def written_report(root: Path) -> Path:
+    """reports/demo/report.html from inputs written here: a base model that answered 48 newlines, a tuned one that
+    answered at length, and a run 30× slower than planned on a machine loaded past its CPUs."""
+    from conftest import sample_plan
+
+    from xtrain.artifacts import write_json
+    from xtrain.plan.schema import write_plan
+    from xtrain.recipe import load_recipe
+    from xtrain.report import PLOTS, write_report
+
+    checkpoint, prepared, reports = root / "checkpoints/demo", root / "prepared/demo", root / "reports/demo"
+    for folder in (checkpoint, prepared, reports):
+        folder.mkdir(parents=True)
+    write_plan(root / "plan.json", sample_plan())
+    write_json(checkpoint / "manifest.json", {"backend": "trl_cpu", "method": "lora"})
+    write_json(checkpoint / "train_metrics.json", {
+        "loss": [{"step": s, "loss": 3 - s / 20, "learning_rate": 1e-3} for s in range(1, 45)], "steps": 44,
+        "tokens_per_second": 260.0, "wall_seconds": 45.4, "trainer_runtime_seconds": 45.4,
+        "peak_host_memory_bytes": 900 * 2**20, "allocator": "glibc",
+        "machine": {"cpus": 2, "load_average_start": [1.9, 1.5, 1.2], "load_average_end": [5.2, 3.1, 2.0]},
+        "tensorboard_run": str(root / "runs/demo/tensorboard/demo-3f9a1c")})
+    histogram = {"bin_edges": list(range(0, 136, 8)), "counts": [0, 2, 9, 20] + [1] * 12}
+    write_json(prepared / "manifest.json", {"seq_len": 128, "splits": {
+        split: {"examples": 40, "tokens": 1300, "supervised_tokens": 400, "length_histogram": histogram}
+        for split in ("train", "eval")}})
+    write_json(reports / "eval.json", {"eval_rows": 40, "base_loss": 2.5, "tuned_loss": 1.9, "loss_improvement": 0.6,
+                                       "base_perplexity": 12.2, "tuned_perplexity": 6.7})
+    answer = {"stopped": True, "new_tokens": 48}
+    write_json(reports / "generations.json", [{
+        "prompt": "<|im_start|>user\nWhat is 2 plus 2?<|im_end|>\n<|im_start|>assistant\n", "reference": "4",
+        "base": answer | {"text": "", "raw": "\n" * 48},
+        "tuned": answer | {"text": LONG_ANSWER, "raw": LONG_ANSWER + "<|im_end|>"}}])
+    write_json(reports / "pairs.json", [])
+    write_report("demo", load_recipe(REPO / "recipes/demo.yaml").model_dump(mode="json"), root / "plan.json",
+                 checkpoint, prepared, reports / "eval.json", reports / "generations.json", reports / "pairs.json",
+                 reports / "report.html", {key: reports / f"plots/{key}.svg" for key in PLOTS})
+    return reports / "report.html"
+
+
+def test_whitespace_is_marked_long_answers_fold_and_a_busy_machine_explains_a_slow_run(tmp_path):
+    from xtrain.report.pages import visible
+
+    text = written_report(tmp_path).read_text(encoding="utf-8")
+    assert "(only whitespace)" in text and "(only special tokens)" not in text
+    assert '↵×48</span>' in text and "\n\n\n" not in text, "48 newlines are one mark, not 48 blank lines"
+    assert visible("a\u200bb\tc") == ('a<span class="ws" title="1 × U+200B">[ZWSP]</span>b'
+                                      '<span class="ws" title="1 × U+0009">→</span>c')
+    shown, folded = text.split("Step 11: add 11 to the total.")[0], text.split("<summary>show the rest (28 more lines")
+    assert "Step 0:" in shown and len(folded) == 2 and "Step 39:" in folded[1], "12 lines shown, the rest folded"
+    assert ("30.27×; the machine was busy: load average 1.9 at the start and 5.2 at the end of training on 2 CPUs"
+            in text)
+    assert "Machine load while training (1 / 5 / 15-minute load averages, 2 CPUs): 1.9 / 1.5 / 1.2 at the start" in text
+    assert '<a href="../../checkpoints/demo/README.md">' in text
+    assert '<a href="../../runs/demo/tensorboard/demo-3f9a1c">TensorBoard run</a>' in text
+
+
+def test_a_whitespace_answer_renders_short_in_chromium(chromium, tmp_path):
+    """The page of a base model that answered 48 newlines stays the height of its content (it was 7,930 px)."""
+    page = written_report(tmp_path / "project")
+    probed = tmp_path / "height.html"
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", (
+        "<script>window.addEventListener('load', () => document.body.setAttribute('data-height', "
+        "document.documentElement.scrollHeight));</script></body>")), encoding="utf-8")
+    base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,2400",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*base, "--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=HANG_SECONDS)
+    height = int(dom.stdout.split('data-height="')[1].split('"')[0])
+    assert height < 4000, height
+    _, console, shot = render(chromium, page, tmp_path)
+    assert console == "" and shot.stat().st_size > 10_000

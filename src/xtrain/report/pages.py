@@ -13,6 +13,8 @@ import base64
 import html
 import io
 import math
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,15 @@ th{background:#f4f4f4;text-align:left} .scroll{overflow-x:auto} td.num{text-alig
 .banner{padding:.7em 1em;border-radius:6px;margin:.6em 0;font-weight:600}
 .good{background:#e6f4ea;color:#1e4620} .bad{background:#fdecea;color:#611a15} .warn{background:#fff4e5;color:#663c00}
 pre{white-space:pre-wrap;margin:0;font-size:.85em} img{max-width:100%} .better{color:#1e7b34} .worse{color:#b3261e}
+.ws{color:#b05f00;background:#fff4e5;border-radius:3px;padding:0 .15em;font-size:.9em} details>summary{cursor:pointer;color:#555}
 """
+# Answers and prompts longer than this are cut there, the rest behind a <details> toggle.
+SHOWN_LINES, SHOWN_CHARS = 12, 800
+# Characters a reader cannot see, and the mark each is shown as ("\n" and " " only in runs, or around the text).
+MARKS = {"\n": "↵", " ": "·", "\t": "→", "\r": "␍", "\u00a0": "⍽", "\u200b": "[ZWSP]", "\u200c": "[ZWNJ]",
+         "\u200d": "[ZWJ]", "\u2060": "[WJ]", "\ufeff": "[BOM]", "\u00ad": "[SHY]"}
+INVISIBLE_RUN = re.compile("|".join(f"{re.escape(c)}+" for c in MARKS if c not in "\n "))
+WHITESPACE_RUN = re.compile(r"(\s)\1*")
 
 
 # ---- plots ---------------------------------------------------------------------------------------------
@@ -196,18 +206,62 @@ def plan_rows(plan: Plan, train_metrics: dict[str, Any]) -> list[list[Any]]:
     def ratio(measured, predicted):
         return f"{measured / predicted:.2f}×" if measured and predicted else "—"
 
+    def timed(measured, predicted, slower: bool):
+        """The ratio, and the machine's load when the run was slower than planned and the load explains it."""
+        busy = busy_machine(train_metrics)
+        return ratio(measured, predicted) + (f"; {busy}" if busy and slower else "")
+
+    rate = train_metrics.get("tokens_per_second")
     rss, host_request = train_metrics.get("peak_host_memory_bytes"), plan.resources.mem_mb * 2**20
     return [
         ["optimizer steps", time.steps, train_metrics["steps"], ratio(train_metrics["steps"], time.steps)],
-        ["training time (s)", time.seconds, measured_seconds, ratio(measured_seconds, time.seconds)],
-        ["tokens / s", round(predicted_rate, 1) if predicted_rate else None, train_metrics.get("tokens_per_second"),
-         ratio(train_metrics.get("tokens_per_second"), predicted_rate)],
+        ["training time (s)", time.seconds, measured_seconds,
+         timed(measured_seconds, time.seconds, bool(time.seconds) and measured_seconds > 1.2 * time.seconds)],
+        ["tokens / s", round(predicted_rate, 1) if predicted_rate else None, rate,
+         timed(rate, predicted_rate, bool(rate and predicted_rate) and rate < predicted_rate / 1.2)],
         [f"peak training-step memory per {html.escape(memory.device)} device (MiB)",
          _mib(memory.peak_bytes_per_device), "—", "not measured separately"],
         [f"host memory (MiB): requested vs peak RSS of the training process (allocator: "
          f"{html.escape(train_metrics.get('allocator', 'not recorded'))})", _mib(host_request), _mib(rss),
          ratio(rss, host_request)],
     ]
+
+
+def busy_machine(train_metrics: dict[str, Any]) -> str | None:
+    """Words for a machine that was busier than its CPUs while training (train_metrics.json's `machine`): other
+    work competed for the cores, which explains a run slower than planned. None when it was not, or not recorded."""
+    machine = train_metrics.get("machine")
+    if not machine:
+        return None
+    start, end, cpus = machine["load_average_start"][0], machine["load_average_end"][0], machine["cpus"]
+    if max(start, end) <= cpus:
+        return None
+    return (f"the machine was busy: load average {start:g} at the start and {end:g} at the end of training on "
+            f"{cpus} CPUs (above {cpus}, other work competed for the cores)")
+
+
+def machine_note(train_metrics: dict[str, Any]) -> str:
+    machine = train_metrics.get("machine")
+    if not machine:
+        return ""
+    start, end = (" / ".join(f"{x:g}" for x in machine[key]) for key in ("load_average_start", "load_average_end"))
+    return (f"<p>Machine load while training (1 / 5 / 15-minute load averages, {machine['cpus']} CPUs): {start} at the "
+            f"start, {end} at the end.</p>")
+
+
+def run_links(name: str, checkpoint_dir: Path, train_metrics: dict[str, Any], out: Path) -> str:
+    """Links from the report (at `out`) to the checkpoint's model card, the TensorBoard run and the stages' logs."""
+    def link(target: Path, text: str) -> str:
+        return f'<a href="{html.escape(os.path.relpath(target, out.parent))}">{html.escape(text)}</a>'
+
+    links = [link(checkpoint_dir / "README.md", "checkpoint's model card")]
+    run = train_metrics.get("tensorboard_run")
+    if run:
+        links.append(link(Path(run), "TensorBoard run") + f" (<code>tensorboard --logdir {html.escape(str(Path(run).parent))}</code>)")
+    logs = sorted(Path("logs", name).glob("*.log"))
+    if logs:
+        links.append("logs: " + ", ".join(link(log, log.stem) for log in logs))
+    return "<p>" + " · ".join(links) + "</p>"
 
 
 def metrics_rows(metrics: dict[str, float]) -> list[list[Any]]:
@@ -231,16 +285,61 @@ def metrics_rows(metrics: dict[str, float]) -> list[list[Any]]:
     return rows
 
 
+def _mark(run: str) -> str:
+    """One run of a character a reader cannot see, as its mark (with its count when more than one)."""
+    count = f"×{len(run)}" if len(run) > 1 else ""
+    return f'<span class="ws" title="{len(run)} × U+{ord(run[0]):04X}">{MARKS.get(run[0], "·")}{count}</span>'
+
+
+def visible(text: str) -> str:
+    """`text` as HTML a reader can see all of: invisible characters (tabs, no-break and zero-width spaces, ...) as
+    marks; whitespace before and after the text, runs of 3 or more newlines or spaces, and text that is only
+    whitespace as marks with their count (48 newlines are one `↵×48`, not 48 blank lines)."""
+    if not text.strip():
+        return "".join(_mark(m.group()) for m in WHITESPACE_RUN.finditer(text))
+    body = text.strip()
+    lead, tail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()):]
+    pieces = []
+    for part in re.split(r"(\n{3,}| {3,})", body):
+        if part and part.strip(" \n") == "" and len(part) >= 3:
+            pieces.append(_mark(part) + ("\n" if part[0] == "\n" else ""))
+        else:
+            pieces.append(INVISIBLE_RUN.sub(lambda m: _mark(m.group()), html.escape(part)))
+    around = [visible(side) if side else "" for side in (lead, tail)]
+    return around[0] + "".join(pieces) + around[1]
+
+
+def shown(text: str) -> str:
+    """`visible(text)` in a <pre>, cut after SHOWN_LINES lines or SHOWN_CHARS characters with the rest behind a
+    toggle."""
+    # The line breaks as shown: a run of 3 or more newlines is one mark on one line.
+    breaks = [(m.start(), m.end()) for m in re.finditer(r"\n{3,}|\n", text)]
+    head, start = ((breaks[SHOWN_LINES - 1][1], breaks[SHOWN_LINES - 1][1])
+                   if breaks[SHOWN_LINES - 1][1] - breaks[SHOWN_LINES - 1][0] >= 3 else breaks[SHOWN_LINES - 1]
+                   ) if len(breaks) >= SHOWN_LINES else (len(text), len(text))
+    if head > SHOWN_CHARS:
+        head = start = SHOWN_CHARS
+    rest = text[start:]
+    if len(rest) < 40:  # not worth a toggle
+        return f"<pre>{visible(text)}</pre>"
+    return (f"<pre>{visible(text[:head])}</pre><details><summary>show the rest ({rest.count(chr(10)) + 1} more lines, "
+            f"{len(rest):,} characters)</summary><pre>{visible(rest)}</pre></details>")
+
+
 def _answer(result: dict[str, Any]) -> str:
     stop = "stopped" if result["stopped"] else "<b>did not stop</b>"
-    # Special tokens are left out of the scored text; show them when that is all the model said.
-    shown = result["text"] or (f"(only special tokens) {result['raw']}" if result["raw"] else "(empty)")
-    return f"<pre>{html.escape(shown)}</pre><small>{result['new_tokens']} tokens, {stop}</small>"
+    if result["text"]:
+        body = shown(result["text"])
+    else:  # the scored text leaves out special tokens and surrounding whitespace: say which it was
+        raw = result["raw"]
+        what = ("nothing" if not raw else "only whitespace" if not raw.strip()
+                else "only special tokens" + (" and whitespace" if re.search(r"\s", raw) else ""))
+        body = f"<p><i>({what})</i></p>" + (shown(raw) if raw else "")
+    return f"{body}<small>{result['new_tokens']} tokens, {stop}</small>"
 
 
 def generation_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
-    return [[f"<pre>{html.escape(r['prompt'])}</pre>", f"<pre>{html.escape(r['reference'])}</pre>",
-             _answer(r["base"]), _answer(r["tuned"])] for r in records]
+    return [[shown(r["prompt"]), shown(r["reference"]), _answer(r["base"]), _answer(r["tuned"])] for r in records]
 
 
 def verdict_banners(metrics: dict[str, float], verdicts: list[dict[str, Any]]) -> str:
@@ -331,6 +430,7 @@ def write_report(name: str, recipe: dict[str, Any], plan_path: Path, checkpoint_
     body = f"""
 <h1>{html.escape(name)}</h1>
 <p>{html.escape(Model.model_validate(recipe['model']).name)}, {html.escape(recipe['train']['method'])} fine-tune: did it help, and did it break anything?</p>
+{run_links(name, checkpoint_dir, train_metrics, out)}
 {verdict_banners(metrics, verdicts)}
 <h2>Base vs tuned</h2>
 {_table(["metric", "base", "tuned", "change"], metrics_rows(metrics))}
@@ -348,6 +448,7 @@ accumulation {plan.layout.gradient_accumulation_steps} × {plan.layout.devices} 
 gradient checkpointing {'on' if plan.gradient_checkpointing else 'off'}, memory estimator
 {html.escape(plan.memory.estimator)}.</p>
 {_table(["", "predicted", "measured", "measured / predicted"], plan_rows(plan, train_metrics))}
+{machine_note(train_metrics)}
 <h2>Data</h2>
 {_table(["split", "examples", "tokens", "supervised tokens"], [[s, manifest["splits"][s]["examples"], manifest["splits"][s]["tokens"], manifest["splits"][s]["supervised_tokens"]] for s in ("train", "eval")])}
 {_img(plots["lengths"], "token-length histogram")}
