@@ -318,3 +318,27 @@ def test_a_whitespace_answer_renders_short_in_chromium(chromium, tmp_path):
     assert height < 4000, height
     _, console, shot = render(chromium, page, tmp_path)
     assert console == "" and shot.stat().st_size > 10_000
+
+
+def test_compare_ranks_recipes_only_within_their_eval_set_and_shows_the_fields_that_differ(tmp_path):
+    from xtrain.artifacts import write_json
+    from xtrain.recipe import load_recipe
+    from xtrain.report import write_compare
+
+    demo = load_recipe(REPO / "recipes/demo.yaml").model_dump(mode="json")
+    recipes, losses = {}, {"slow": 1.5, "fast": 1.2, "other_data": 0.5}
+    for name, rate, split in (("slow", 1e-4, b"rows A"), ("fast", 1e-3, b"rows A"), ("other_data", 1e-3, b"rows B")):
+        recipes[name] = demo | {"train": demo["train"] | {"learning_rate": rate}}
+        (tmp_path / "prepared" / name).mkdir(parents=True)
+        (tmp_path / "prepared" / name / "eval.parquet").write_bytes(split)
+        write_json(tmp_path / "reports" / name / "eval.json", {"eval_rows": 40, "base_loss": 2.0,
+                                                               "tuned_loss": losses[name], "loss_improvement": 0.5})
+    write_compare({name: tmp_path / "reports" / name / "eval.json" for name in recipes}, tmp_path / "compare.html",
+                  {name: tmp_path / "prepared" / name for name in recipes}, recipes)
+    page = (tmp_path / "compare.html").read_text().replace("<wbr>", "")
+    first, second = page.split("<h2>Eval set ")[1:]
+    assert "2 recipe(s)" in first and "1 recipe(s)" in second, "the 0.5 loss on other rows is not ranked above them"
+    assert first.index('href="fast/report.html"') < first.index('href="slow/report.html"')
+    assert "the fields that differ between them: <code>train.learning_rate</code>" in first
+    assert "<th>train.learning_rate</th>" in first and "<td>0.0001</td>" in first
+    assert "their losses do not compare" in page

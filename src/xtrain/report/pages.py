@@ -10,8 +10,10 @@ The plots are also written as SVG files so Snakemake's `--report` can collect th
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import io
+import json
 import math
 import os
 import re
@@ -462,21 +464,65 @@ gradient checkpointing {'on' if plan.gradient_checkpointing else 'off'}, memory 
     _write(out, page(f"xtrain report: {name}", body))
 
 
-def compare_rows(metrics_paths: dict[str, Path]) -> list[dict[str, Any]]:
-    """One row per recipe, best (lowest tuned held-out loss) first."""
-    rows = [{"recipe": name, **read_json(path)} for name, path in metrics_paths.items()]
-    return sorted(rows, key=lambda row: (row["tuned_loss"] if math.isfinite(row["tuned_loss"]) else math.inf))
+def eval_fingerprint(prepared_dir: Path) -> str:
+    """What a recipe's held-out metrics were measured on: its eval split as prepared (the rows' tokens and masks, so
+    the tokenizer, template and seq_len too). Losses compare only between recipes with the same one."""
+    return hashlib.sha256((prepared_dir / "eval.parquet").read_bytes()).hexdigest()[:12]
 
 
-def write_compare(metrics_paths: dict[str, Path], out: Path) -> None:
-    rows = compare_rows(metrics_paths)
-    harness = sorted({k for row in rows for k in row if k.startswith(("base_lm_", "tuned_lm_"))})
-    columns = [m for m in EVAL_METRICS if any(m in row for row in rows)] + harness
-    table = _table(["rank", "recipe", *columns], [
-        [rank, f'<a href="{html.escape(row["recipe"])}/report.html">{html.escape(row["recipe"])}</a>',
-         *[row.get(m) for m in columns]] for rank, row in enumerate(rows, 1)
-    ])
-    body = (f"<h1>Recipes ranked by tuned held-out loss</h1>{table}{_img(compare_plot(rows), 'loss by recipe')}"
+def flat_fields(recipe: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A recipe as `section.field` -> value (lists and the sources as their JSON text)."""
+    flat = {}
+    for key, value in recipe.items():
+        if isinstance(value, dict):
+            flat |= flat_fields(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, list) else value
+    return flat
+
+
+def compare_rows(metrics_paths: dict[str, Path], fingerprints: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    """The recipes grouped by the eval set they were measured on (its fingerprint), each group best (lowest tuned
+    held-out loss) first; the groups with the most recipes first."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for name, path in metrics_paths.items():
+        groups.setdefault(fingerprints[name], []).append({"recipe": name, **read_json(path)})
+    for rows in groups.values():
+        rows.sort(key=lambda row: row["tuned_loss"] if math.isfinite(row["tuned_loss"]) else math.inf)
+    return dict(sorted(groups.items(), key=lambda group: (-len(group[1]), group[1][0]["recipe"])))
+
+
+def differing_fields(recipes: list[dict[str, Any]]) -> list[str]:
+    """The recipe fields whose values are not the same in all of `recipes`."""
+    flat = [flat_fields(recipe) for recipe in recipes]
+    fields = sorted({key for one in flat for key in one})
+    return [key for key in fields if len({json.dumps(one.get(key), sort_keys=True, default=str) for one in flat}) > 1]
+
+
+def write_compare(metrics_paths: dict[str, Path], out: Path, prepared_dirs: dict[str, Path],
+                  recipes: dict[str, dict[str, Any]]) -> None:
+    """reports/compare.html: one table per eval set (recipes ranked only against those measured on the same held-out
+    rows), with the recipe fields that differ between them as columns."""
+    groups = compare_rows(metrics_paths, {name: eval_fingerprint(prepared_dirs[name]) for name in metrics_paths})
+    sections = []
+    for fingerprint, rows in groups.items():
+        harness = sorted({k for row in rows for k in row if k.startswith(("base_lm_", "tuned_lm_"))})
+        columns = [m for m in EVAL_METRICS if any(m in row for row in rows)] + harness
+        fields = differing_fields([recipes[row["recipe"]] for row in rows])
+        flat = {row["recipe"]: flat_fields(recipes[row["recipe"]]) for row in rows}
+        table = _table(["rank", "recipe", *fields, *columns], [
+            [rank, f'<a href="{html.escape(row["recipe"])}/report.html">{html.escape(row["recipe"])}</a>',
+             *[html.escape(str(flat[row["recipe"]].get(field, "—"))) for field in fields],
+             *[row.get(m) for m in columns]] for rank, row in enumerate(rows, 1)
+        ])
+        differ = (f"the fields that differ between them: {', '.join(f'<code>{html.escape(f)}</code>' for f in fields)}"
+                  if fields else "their recipes are the same")
+        sections.append(f"<h2>Eval set <code>{fingerprint}</code>: {len(rows)} recipe(s), {rows[0].get('eval_rows', '—')} "
+                        f"held-out rows</h2><p>Ranked by tuned held-out loss; {differ}.</p>{table}"
+                        f"{_img(compare_plot(rows), f'loss by recipe, eval set {fingerprint}')}")
+    apart = ("<p>Recipes evaluated on different held-out rows (another data set, tokenizer, template or seq_len) are "
+             "in separate tables: their losses do not compare.</p>" if len(groups) > 1 else "")
+    body = (f"<h1>Recipes ranked by tuned held-out loss, per eval set</h1>{apart}{''.join(sections)}"
             "<p>Each recipe's own page: <code>reports/&lt;recipe&gt;/report.html</code>.</p>")
     _write(out, page("xtrain: recipes compared", body))
 
