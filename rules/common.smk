@@ -7,6 +7,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from xtrain.chain import base_folder, chain_models, chain_params, check_chains  # noqa: E402
 from xtrain.models.hub import model_folder  # noqa: E402
 from xtrain.plan import read_plan  # noqa: E402
 from xtrain.plan.schema import JobPlan, Plan  # noqa: E402
@@ -52,6 +53,10 @@ def load_recipes(folder):
 
 
 RECIPES = load_recipes(config["recipes"])
+try:  # recipes built on other recipes (model.recipe): every chain complete, acyclic and consistent
+    check_chains(RECIPES, config["recipes"])
+except RecipeError as exc:
+    raise WorkflowError(str(exc))
 
 
 def recipe(wildcards):
@@ -64,7 +69,30 @@ def recipe(wildcards):
 
 
 def model_dir(wildcards):
-    return model_folder(recipe(wildcards).model)
+    """The plain model folder the recipe trains on: its model, or its upstream recipe's checkpoint (or merged base,
+    bases/<upstream>: rule merge_base), xtrain.chain.base_folder."""
+    recipe(wildcards)
+    return base_folder(wildcards.recipe, RECIPES, model_folder)
+
+
+def upstream_checkpoint(wildcards):
+    """The checkpoint of the recipe this one is built on (model.recipe); none for a recipe on a model."""
+    parent = recipe(wildcards).model.recipe
+    return [] if parent is None else [f"checkpoints/{parent}"]
+
+
+def chain_checkpoints(wildcards):
+    """Every model of the recipe's chain above it (their folders and checkpoints), which its evaluation scores."""
+    if recipe(wildcards).model.recipe is None:
+        return []
+    models = chain_models(wildcards.recipe, RECIPES, model_folder)[:-1]
+    return sorted({path for model in models for path in (model.folder, model.checkpoint) if path is not None})
+
+
+def merge_memory_mb(wildcards, input):
+    """The merge holds the base in its dtype and writes it: twice its weights' size, and 1 GiB for the rest."""
+    size = sum(path.stat().st_size for path in Path(input.model).glob("*.safetensors"))
+    return 2 * size // 2**20 + 1024
 
 
 def data_sources(wildcards):
@@ -80,8 +108,12 @@ def lm_eval_tasks(wildcards):
 
 
 def recipe_slice(stage):
-    """Params of a stage: only the recipe sections it reads, so other edits do not rerun it."""
-    return lambda wildcards: stage_params(recipe(wildcards), stage)
+    """Params of a stage: only the recipe sections it reads, so other edits do not rerun it; and for a recipe built
+    on another, how (xtrain.chain.chain_params)."""
+    return lambda wildcards: stage_params(recipe(wildcards), stage) | chain_params(
+        wildcards.recipe, RECIPES, model_folder, stage
+    )
+
 
 
 def exported_recipes():

@@ -3,6 +3,7 @@ rule evaluate:
         model=model_dir,
         prepared="prepared/{recipe}",
         checkpoint="checkpoints/{recipe}",
+        chain=chain_checkpoints,
         lm_eval_tasks=lm_eval_tasks,
         job_plan="plans/{recipe}/evaluate.json",
     output:

@@ -24,3 +24,25 @@ rule export:
         recipe=export_slice,
     script:
         "../scripts/export.py"
+
+
+# A LoRA recipe another recipe builds on (model.recipe, model.adapter: merge) is merged into its base once; the
+# recipes on it train, evaluate and export on bases/<recipe> (xtrain.chain).
+rule merge_base:
+    input:
+        model=model_dir,
+        checkpoint="checkpoints/{recipe}",
+    output:
+        directory("bases/{recipe}"),
+    log:
+        "logs/{recipe}/merge_base.log",
+    conda:
+        "../envs/xtrain.yaml"
+    threads: workflow.cores
+    resources:
+        mem_mb=merge_memory_mb,
+        runtime=60,
+    params:
+        recipe=recipe_slice("merge_base"),
+    script:
+        "../scripts/merge_base.py"

@@ -4,6 +4,7 @@ rule train:
         prepared="prepared/{recipe}",
         plan="plans/{recipe}/plan.json",
         env=backend_env,
+        upstream=upstream_checkpoint,
     output:
         directory("checkpoints/{recipe}"),
     log:

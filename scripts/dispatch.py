@@ -11,6 +11,9 @@ from xtrain.stage import recipe_file, run_stage
 from xtrain.train.run import run_training
 
 recipe = snakemake.params.recipe
+# A recipe built on another (model.recipe): the upstream checkpoint, and whether its adapter trains further.
+upstream = Path(snakemake.input.upstream[0]) if snakemake.input.upstream else None
+continued = recipe.get("chain", {}).get("adapter") == "continue"
 run_stage(
     snakemake.log[0],
     lambda: run_training(
@@ -22,6 +25,8 @@ run_stage(
         out=Path(snakemake.output[0]),
         work_dir=Path(snakemake.params.work_dir),
         trust_remote_code=trusts_remote_code(recipe),
+        upstream=upstream,
+        adapter_init=upstream if continued else None,
     ),
     recipe_file(snakemake),
     threads=snakemake.threads,

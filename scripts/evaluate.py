@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain.chain import ChainModel
 from xtrain.evaluate import evaluate
 from xtrain.plan import read_plan
 from xtrain.plan.schema import JobPlan
@@ -22,6 +23,8 @@ run_stage(
         pairs_out=Path(snakemake.output.pairs),
         trust_remote_code=trusts_remote_code(snakemake.params.recipe),
         job=read_plan(snakemake.input.job_plan, JobPlan),
+        # A recipe built on another (model.recipe): every model of its chain, root first (xtrain.chain).
+        chain=[ChainModel(**model) for model in snakemake.params.recipe.get("chain", {}).get("models", [])],
     ),
     recipe_file(snakemake),
     threads=snakemake.threads,

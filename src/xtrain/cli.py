@@ -294,7 +294,19 @@ def status(args: argparse.Namespace) -> int:
         for stage in STAGES:
             if ":" in table[name].get(stage, ""):
                 print(f"  {name} {stage}: {table[name][stage].split(': ', 1)[1]}")
+    for line in recipe_changes(names):
+        print(line)
     return 0
+
+
+def recipe_changes(names: list[str]) -> list[str]:
+    """Field by field, what each recipe changed since its stages were built, and the recipes built on it that this
+    makes stale (xtrain.staleness)."""
+    from .recipe import load_recipe
+    from .staleness import what_changed
+
+    recipes = {path.stem: load_recipe(path) for path in sorted(RECIPES.glob("*.yaml"))}
+    return [line for name in names for line in what_changed(name, recipes)]
 
 
 def plan(args: argparse.Namespace) -> int:

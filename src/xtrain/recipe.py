@@ -89,7 +89,15 @@ class Located(Section):
 
 
 class Model(Located):
-    """The base model to fine-tune: a local Hugging Face folder (config, tokenizer, weights), or a hub id."""
+    """The base model to fine-tune: a local Hugging Face folder (config, tokenizer, weights), a hub id, or another
+    recipe's checkpoint (`recipe`: the stages chain in one DAG, src/xtrain/chain.py)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_path_with_recipe(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("recipe") is not None and "path" not in data:
+            return {**data, "path": None}
+        return data
 
     path: LocalPath = Field(
         description="Folder with config.json, tokenizer and weights, relative to the project (folders outside it "
@@ -103,6 +111,18 @@ class Model(Located):
     revision: str | None = Field(
         None, description="With `hub`: a branch, tag or commit hash of the model (default: the cached `main`)."
     )
+    recipe: str | None = Field(
+        None, pattern=RECIPE_NAME.pattern,
+        description="Another recipe's name (its file stem in recipes/): this recipe trains on that recipe's "
+        "checkpoint, so the two run as stages of one DAG and an edit upstream makes every stage below stale; "
+        "null with `path` or `hub`. The root model is found through the chain.",
+    )
+    adapter: Literal["merge", "continue"] | None = Field(
+        None,
+        description="With `recipe`, when that recipe trained a LoRA adapter: `merge` (the default) folds it into its "
+        "base once (bases/<recipe>/, reused by evaluation and export) and trains on the merged model; `continue` "
+        "trains that same adapter further (this recipe's train.lora must equal the upstream's).",
+    )
     # Strict: only a YAML true turns it on, not "yes", "on" or 1.
     trust_remote_code: bool = Field(
         False,
@@ -113,14 +133,22 @@ class Model(Located):
 
     @model_validator(mode="after")
     def _one_location(self) -> Model:
-        self.check_one_location("a local model folder", "a hub model id")
+        given = [name for name in ("path", "hub", "recipe") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of `path` (a local model folder), `hub` (a hub model id) and `recipe` "
+                             f"(another recipe's checkpoint); got {' and '.join(given) or 'none'}")
         if self.revision is not None and self.hub is None:
             raise ValueError("`revision` picks a version of a `hub` model: remove it, or give `hub`")
+        if self.adapter is not None and self.recipe is None:
+            raise ValueError("`adapter` says what to do with an upstream recipe's LoRA adapter: remove it, or give "
+                             "`recipe`")
         return self
 
     @property
     def name(self) -> str:
         """How manifests and messages name the model."""
+        if self.recipe is not None:
+            return f"recipe:{self.recipe}"
         return self.path if self.path is not None else f"hub:{self.hub}" + (f"@{self.revision}" if self.revision else "")
 
 

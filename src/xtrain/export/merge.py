@@ -14,7 +14,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from ..models.loading import load_tuned
+from ..artifacts import atomic_dir
+from ..models.loading import config_dtype, load_tuned
 
 log = logging.getLogger(__name__)
 
@@ -43,3 +44,17 @@ def add_model_files(checkpoint_dir: Path, out: Path, card: str) -> None:
     # The checkpoint's generation config already lists the end-of-turn token among its eos ids.
     shutil.copyfile(checkpoint_dir / "generation_config.json", out / "generation_config.json")
     (out / "README.md").write_text(card, encoding="utf-8")
+
+
+def write_merged_base(model_dir: Path, checkpoint_dir: Path, out: Path, trust_remote_code: bool = False) -> None:
+    """`out` (bases/<recipe>/): the checkpoint's adapter merged into its base, in the base's dtype on the CPU, with
+    the checkpoint's tokenizer and chat template and generation config: the plain model folder the recipes built on
+    this one (model.recipe) train on. Built once, read by their prepare, plan, train, evaluate and export jobs."""
+    dtype = config_dtype(model_dir, trust_remote_code)
+    model = merged_model(model_dir, checkpoint_dir, dtype, "cpu", trust_remote_code)
+    with atomic_dir(out) as staging:
+        save_weights(model, staging, shard_gb=5)
+        add_model_files(checkpoint_dir, staging, f"# {out.name}, merged\n\n`{checkpoint_dir}` merged into "
+                        f"`{model_dir}` ({dtype}): the base of the recipes built on recipe `{out.name}`. Not an "
+                        "export: `exports/<recipe>/` is.\n")
+        shutil.copyfile(checkpoint_dir / "manifest.json", staging / "manifest.json")

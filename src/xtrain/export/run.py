@@ -61,7 +61,7 @@ def export(*, model_dir: Path, checkpoint_dir: Path, prepared_dir: Path, evaluat
         model_card, recipe=out.name, base_model=manifest["base_model"], backend=manifest["backend"],
         train=train.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"), data=prepared,
         metrics=read_json(checkpoint_dir / "train_metrics.json"), license_=base_license(model_dir),
-        evaluation=evaluation, merged_dtype=dtype if settings.merged else None,
+        evaluation=evaluation, merged_dtype=dtype if settings.merged else None, lineage=manifest.get("lineage", []),
     )
     seconds = {}
     with atomic_dir(out) as staging:

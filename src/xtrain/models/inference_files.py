@@ -91,7 +91,8 @@ def usage_lines(plain: bool, folder: str | None, gguf_files: list[str], ollama: 
 def model_card(*, recipe: str, base_model: str, backend: str, train: dict[str, Any], hardware: dict[str, Any],
                data: dict[str, Any], metrics: dict[str, Any], license_: str | None,
                evaluation: dict[str, Any] | None = None, merged_dtype: str | None = None,
-               model_folder: str | None = "<this folder>", gguf_files: list[str] = (), ollama: bool = False) -> str:
+               model_folder: str | None = "<this folder>", gguf_files: list[str] = (), ollama: bool = False,
+               lineage: list[dict[str, Any]] = ()) -> str:
     """README.md in the Hugging Face model-card format: of a checkpoint; or of an export (`exports/<recipe>/`:
     a merged model in `merged_dtype` in `model_folder` (None: none), GGUF files, a Modelfile) with the
     evaluation results."""
@@ -133,6 +134,19 @@ def model_card(*, recipe: str, base_model: str, backend: str, train: dict[str, A
         f"{figure(metrics['final_loss']) or 'n/a'} (time and speed: `train_metrics.json`; the card holds only what "
         "a rebuild reproduces).", "",
         "```yaml", yaml.safe_dump({"train": train, "hardware": hardware}, sort_keys=False).strip(), "```", "",
+        *stage_lines(lineage),
         "## Evaluation", "", *evaluation_lines, "",
     ]
     return "\n".join(lines)
+
+
+def stage_lines(lineage: list[dict[str, Any]]) -> list[str]:
+    """The card's "Stages" section for a recipe built on others (`model.recipe`): each stage from the root model
+    down, with its recipe hash and data fingerprint (the checkpoint manifest's lineage); none for one stage."""
+    if len(lineage) < 2:
+        return []
+    rows = [f"| {i} | `{stage['recipe']}` | {stage['method']} | `{stage['base_model']}` | `{stage['recipe_hash'][:12]}` "
+            f"| `{stage['data_fingerprint'][:12]}` |" for i, stage in enumerate(lineage, 1)]
+    return ["## Stages", "", f"Trained in {len(lineage)} stages from `{lineage[0]['base_model']}`, each on the one "
+            "before it:", "", "| stage | recipe | method | trained on | recipe hash | data fingerprint |",
+            "| --- | --- | --- | --- | --- | --- |", *rows, ""]

@@ -107,6 +107,17 @@ def sort_adapter_targets(checkpoint: Path) -> None:
             config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def upstream_lineage(upstream: Path | None) -> list[dict[str, Any]]:
+    """The stages an upstream checkpoint records (its manifest's lineage); none for a recipe on a model."""
+    if upstream is None:
+        return []
+    manifest = read_json(upstream / "manifest.json")
+    if "lineage" not in manifest:
+        raise XtrainError(f"{upstream}/manifest.json records no lineage (it was written before chained recipes): "
+                          f"remove {upstream} and run snakemake again to rebuild it")
+    return manifest["lineage"]
+
+
 @contextmanager
 def one_trainer(work_dir: Path) -> Iterator[None]:
     """Hold an exclusive `flock` on the run folder's lock file (runs/<recipe>/train.lock), which names the holder's
@@ -138,7 +149,12 @@ def run_training(
     out: Path,
     work_dir: Path,
     trust_remote_code: bool = False,
+    upstream: Path | None = None,
+    adapter_init: Path | None = None,
 ) -> dict[str, Any]:
+    """Train into `out`; `upstream` is the checkpoint of the recipe this one is built on (`model.recipe`), whose
+    lineage the manifest extends, and `adapter_init` its adapter when training continues it (`model.adapter:
+    continue`)."""
     backend = registry.check(train.backend, train, hardware, packed=train_split_is_packed(prepared_dir))
     if trust_remote_code:
         log.warning("model.trust_remote_code is set: the Python code in %s runs in this process", model_dir)
@@ -149,14 +165,18 @@ def run_training(
         recipe_hash = content_hash({"train": train.model_dump(mode="json"),
                                     "hardware": hardware.model_dump(mode="json")})
         plan_hash = hashlib.sha256(plan_path.read_bytes()).hexdigest()
-        # Trainer checkpoints of an interrupted run are resumed only by the very same run.
-        run_dir = work_dir / content_hash([recipe_hash, plan_hash, data_fingerprint, str(model_dir)])[:16]
+        stage = {"recipe": out.name, "recipe_hash": recipe_hash, "data_fingerprint": data_fingerprint,
+                 "method": train.method, "base_model": str(model_dir)}
+        lineage = [*upstream_lineage(upstream), stage]
+        # Trainer checkpoints of an interrupted run are resumed only by the very same run (on the same upstream).
+        run_dir = work_dir / content_hash([recipe_hash, plan_hash, data_fingerprint, str(model_dir),
+                                           *([lineage[:-1]] if upstream else [])])[:16]
         resume_from = last_complete_checkpoint(run_dir)
         if resume_from:
             log.info("resuming an interrupted run from %s", resume_from)
         with atomic_dir(out) as staging:
             job = TrainJob(model_dir, prepared_dir, plan, train, hardware, staging, run_dir, resume_from,
-                           trust_remote_code)
+                           trust_remote_code, adapter_init)
             tracking.start(job)
             load_at_start = os.getloadavg()
             result = backend.run(job)
@@ -172,7 +192,7 @@ def run_training(
             (staging / "README.md").write_text(model_card(
                 recipe=out.name, base_model=str(model_dir), backend=train.backend,
                 train=train.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"), data=prepared,
-                metrics=metrics, license_=base_license(model_dir),
+                metrics=metrics, license_=base_license(model_dir), lineage=lineage,
             ), encoding="utf-8")
             write_json(
                 staging / "manifest.json",
@@ -193,6 +213,9 @@ def run_training(
                     "git_commit": git_commit(Path.cwd()),
                     "seed": train.seed,
                     "resumed_from": resume_from,
+                    # Each stage from the root model down to this one (model.recipe chains), this one last.
+                    "root_model": lineage[0]["base_model"],
+                    "lineage": lineage,
                 },
             )
         tracking.remove_all_but_tracking(work_dir)  # the checkpoint is complete: nothing left to resume

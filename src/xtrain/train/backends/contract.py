@@ -35,6 +35,8 @@ class TrainJob:
     work_dir: Path  # trainer checkpoints, outside the declared output so a rerun resumes
     resume_from: str | None  # the last trainer checkpoint of an interrupted identical run
     trust_remote_code: bool = False  # model.trust_remote_code: run the model folder's own code
+    # model.adapter: continue: the upstream recipe's checkpoint, whose LoRA adapter on `model_dir` trains further
+    adapter_init: Path | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The job as plain JSON, for a backend's worker processes (another interpreter, or torchrun ranks)."""
@@ -43,6 +45,7 @@ class TrainJob:
             "train": self.train.model_dump(mode="json"), "hardware": self.hardware.model_dump(mode="json"),
             "out": str(self.out), "work_dir": str(self.work_dir), "resume_from": self.resume_from,
             "trust_remote_code": self.trust_remote_code,
+            "adapter_init": None if self.adapter_init is None else str(self.adapter_init),
         }
 
     @classmethod
@@ -52,6 +55,7 @@ class TrainJob:
             Train.model_validate(data["train"]),
             Hardware.model_validate(data["hardware"]), Path(data["out"]), Path(data["work_dir"]),
             data["resume_from"], data["trust_remote_code"],
+            None if data.get("adapter_init") is None else Path(data["adapter_init"]),
         )
 
 
