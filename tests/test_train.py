@@ -57,7 +57,7 @@ def test_lora_checkpoint_contract(lora_run, tiny_model):
     assert manifest["seed"] == 0 and manifest["backend"] == "trl_cpu"
     template = (checkpoint / "chat_template.jinja").read_text()
     assert template == (lora_run["prepared"] / "chat_template.jinja").read_text(), "the template trained with"
-    assert [path.name for path in lora_run["runs"].iterdir()] == ["tensorboard"], (
+    assert sorted(path.name for path in lora_run["runs"].iterdir()) == ["last_run.json", "tensorboard"], (
         "trainer checkpoints are removed once the final checkpoint is written; the TensorBoard events stay")
     assert not list(checkpoint.parent.glob(".checkpoint.partial-*"))
 
@@ -80,6 +80,14 @@ def test_tensorboard_events_hold_the_training_metrics(lora_run):
         (entry["step"], entry["loss"]) for entry in metrics["loss"]]
     assert all(event.value > 0 for event in scalars["train/tokens_per_second"])
     assert min(event.value for event in scalars["train/peak_host_memory_mib"]) > 100  # a trainer's process, in MiB
+    # The run's readable name, its settings in the HParams view, and evaluate's metrics in the same run.
+    assert folder.name.startswith("runs-") and metrics["tensorboard_run"] == str(folder)
+    assert "train.learning_rate" in events.PluginTagToContent("hparams")["_hparams_/session_start_info"].decode(
+        "utf-8", "replace")
+    report = json.loads(lora_run["report"].read_text())
+    assert [(e.step, pytest.approx(e.value)) for e in scalars["eval/tuned_loss"]] == [(12, report["tuned_loss"])]
+    machine = metrics["machine"]
+    assert machine["cpus"] >= 1 and len(machine["load_average_start"]) == len(machine["load_average_end"]) == 3
 
 
 def test_evaluate_matches_an_independent_plain_loop(lora_run, tiny_model):
