@@ -245,3 +245,10 @@ def test_lineage_in_manifest_card_and_report(chained):
     assert "<h2>Stages</h2>" in report and sft["recipe_hash"][:12] in report and "models/tiny-llama" in report
     cont = read(chained, "checkpoints/cont/manifest.json")
     assert [stage["base_model"] for stage in cont["lineage"]] == ["models/tiny-llama", "models/tiny-llama"]
+
+
+def test_dvc_stage_depends_on_the_upstream_checkpoint():
+    from xtrain.project.dvc_stages import recipe_stage
+
+    assert "checkpoints/sft" in recipe_stage("dpo", recipe({"recipe": "sft"}))["deps"]
+    assert not any(dep.startswith("checkpoints/") for dep in recipe_stage("sft", recipe(ROOT))["deps"])

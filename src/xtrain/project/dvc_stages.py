@@ -34,9 +34,11 @@ def recipe_stage(name: str, recipe: Recipe) -> dict[str, Any]:
     plans = [f"plans/{name}/{job}.json" for job in ("plan", "evaluate", *(["export"] if exports else []))]
     return {
         "cmd": " ".join(["snakemake --cores all", f"reports/{name}/gate.json", *exports]),
-        # A hub model is pinned by its revision in the recipe file (and its commit in the checkpoint manifest).
+        # A hub model is pinned by its revision in the recipe file (and its commit in the checkpoint manifest); a
+        # recipe built on another (model.recipe) depends on that one's checkpoint, so DVC orders the stages as
+        # Snakemake does.
         "deps": [*(s.path for s in recipe.data.sources), *([recipe.model.path] if recipe.model.path else []),
-                 *WORKFLOW_DEPS],
+                 *([f"checkpoints/{recipe.model.recipe}"] if recipe.model.recipe else []), *WORKFLOW_DEPS],
         # The recipe file as DVC params (every key): `dvc params diff` shows a hyperparameter change, and
         # `dvc exp run -S recipes/<name>.yaml:train.learning_rate=1e-3` sweeps one.
         "params": [{f"recipes/{name}.yaml": None}],
