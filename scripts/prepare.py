@@ -16,6 +16,7 @@ run_stage(
         out=Path(snakemake.output[0]),
         trust_remote_code=trusts_remote_code(snakemake.params.recipe),
         kind=snakemake.params.recipe.get("data_kind", "chats"),
+        prompt_settings=snakemake.params.recipe.get("prompts"),
     ),
     recipe_file(snakemake),
     threads=snakemake.threads,

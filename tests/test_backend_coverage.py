@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from xtrain.artifacts import read_json
 from xtrain.plan import make_plan
-from xtrain.recipe import Hardware, Lora, Preference, Quantization, Recipe, Train, stage_params
+from xtrain.recipe import Hardware, Lora, Preference, Quantization, Recipe, Reward, Rl, Train, stage_params
 from xtrain.train.backends.capabilities import refusal
 from xtrain.train.backends.contract import TrainJob
 from xtrain.train.backends.registry import REGISTRY
@@ -48,12 +48,26 @@ TRAIN_CHANGES = {
     "preference.desirable_weight": {"objective": "kto", "preference": Preference(desirable_weight=2.0)},
     "preference.undesirable_weight": {"objective": "kto", "preference": Preference(undesirable_weight=2.0)},
     "report_to": {"report_to": ["mlflow"]},
+    **{f"rl.{name}": {"rl": Rl(**{name: value})} for name, value in (
+        ("generations", 8), ("max_completion_length", 32), ("temperature", 0.7), ("top_p", 0.9), ("kl_weight", 0.04),
+        ("clip_epsilon", 0.3), ("loss_type", "grpo"), ("steps_per_generation", 2))},
+    **{f"rewards.{name}": {"rewards": [reward]} for name, reward in (
+        ("type", Reward(type="format", pattern="x")), ("weight", Reward(type="answer", weight=2.0)),
+        ("column", Reward(type="answer", column="solution")), ("pattern", Reward(type="format", pattern="y")),
+        ("max_tokens", Reward(type="length", max_tokens=9)),
+        ("file", Reward(type="python", file="rewards/other.py", function="score")),
+        ("function", Reward(type="python", file="rewards/a.py", function="other")))},
     "mlflow_tracking_uri": {"report_to": ["mlflow"], "mlflow_tracking_uri": "file:/tmp/mlruns"},
 }
 # The settings a train field is changed from, where the default recipe's would not show its mapping: the
 # quantization's settings against a QLoRA run's defaults.
 TRAIN_BASES = {key: {"method": "qlora", "quantization": Quantization()} for key in
                ("quantization.quant_type", "quantization.double_quant")}
+# GRPO's settings against a GRPO run's defaults (a python reward's file and function against another python reward's).
+GRPO_BASE = {"objective": "grpo", "rl": Rl(), "rewards": [Reward(type="answer")]}
+TRAIN_BASES |= {key: GRPO_BASE for key in TRAIN_CHANGES if key.startswith(("rl.", "rewards."))}
+TRAIN_BASES |= {key: {**GRPO_BASE, "rewards": [Reward(type="python", file="rewards/a.py", function="score")]}
+                for key in ("rewards.file", "rewards.function")}
 # (base, changed) hardware for each hardware field a backend maps into its launch.
 HARDWARE_CHANGES = {
     "accelerator": (CPU, CUDA),
@@ -124,12 +138,12 @@ def test_each_mapping_is_where_the_field_lands(name, tiny_model, prepared, plans
             slice_ = plan_reads[section]
             assert key.split(".")[0] in slice_, f"{name}: {field} is said to reach it through the plan, which does not read it"
         elif where == "capabilities" and section == "train":
-            changed = base_train.model_copy(update=TRAIN_CHANGES[key])
+            changed = base_train.model_copy(update={**TRAIN_BASES.get(key, {}), **TRAIN_CHANGES[key]})
             reason = refusal(name, backend.capabilities, changed, base_hardware, packed=False)
             # A tracker's or an objective's settings are refused with it; a quantization's with the method qlora
             # where that is what the backend refuses.
             refused = ("train.report_to" if key == "mlflow_tracking_uri" else
-                       "train.objective" if key.startswith("preference.") or key == "objective" else
+                       "train.objective" if key.startswith(("preference.", "rl.", "rewards.")) or key == "objective" else
                        "train.method" if key.startswith("quantization.") and "qlora" not in backend.capabilities.methods
                        else field)
             assert reason and refused in reason, f"{name}: nothing refuses {field} ({reason})"

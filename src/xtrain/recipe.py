@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from xtrain_backend_side.rewards import REWARDS_FOLDER
+from xtrain_backend_side.rewards import REWARDS_FOLDER, needed_columns
 
 from .errors import RecipeError
 from .models.gpus import DEFAULT_GPU, GPUS
@@ -869,8 +869,9 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
     trust = {"model": {"trust_remote_code": True}} if recipe.model.trust_remote_code else {}
     kind = DATA_KINDS[recipe.train.objective]
     preference = {"data_kind": kind} if kind != "chats" else {}
-    if recipe.train.objective == "grpo":  # a prompt must leave room for its completion within seq_len
-        preference["max_completion_length"] = recipe.train.rl.max_completion_length
+    if recipe.train.objective == "grpo":  # prompts leave room for their completion; the rewards' columns are checked
+        preference["prompts"] = {"max_completion_length": recipe.train.rl.max_completion_length,
+                                 "reward_columns": needed_columns(dump["train"]["rewards"])}
     up_to_evaluation = {k: v for k, v in dump.items() if k != "export"}  # the export section is export's alone
     evaluation = {k: v for k, v in dump["eval"].items() if k != "gate"}
     slices = {

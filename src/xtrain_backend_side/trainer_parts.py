@@ -104,7 +104,7 @@ def config_class(objective: str):
         return ORPOConfig
     import trl
 
-    return {"sft": trl.SFTConfig, "dpo": trl.DPOConfig, "kto": trl.KTOConfig}[objective]
+    return {"sft": trl.SFTConfig, "dpo": trl.DPOConfig, "kto": trl.KTOConfig, "grpo": trl.GRPOConfig}[objective]
 
 
 def preference_trainer(objective: str):

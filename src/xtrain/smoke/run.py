@@ -39,7 +39,7 @@ from ..evaluate import evaluate
 from ..plan import make_plan, write_plan
 from ..plan.jobs import plan_evaluate, plan_export
 from ..plan.schema import JobPlan
-from ..recipe import DATA_KINDS, Eval, Hardware, Recipe
+from ..recipe import DATA_KINDS, Eval, Hardware, Recipe, stage_params
 from ..train.backends.contract import TrainJob
 from ..train.backends.registry import check
 from ..train.checkpoint import check_checkpoint
@@ -137,7 +137,8 @@ def smoke(*, recipe: Recipe, name: str, model_dir: Path, sources: list[Path], ou
         manifest: dict[str, Any] = {}
 
         def prepare_sample():
-            manifest.update(prepare(sources, model_dir, recipe.data, prepared, trust, kind, limit=SAMPLE_ROWS))
+            manifest.update(prepare(sources, model_dir, recipe.data, prepared, trust, kind, limit=SAMPLE_ROWS,
+                                    prompt_settings=stage_params(recipe, "prepare").get("prompts")))
             train = manifest["splits"]["train"]
             return {"sample_rows_per_source": SAMPLE_ROWS, "rows": train["rows"], "tokens": train["tokens"],
                     "masking": manifest.get("masking"),

@@ -69,8 +69,10 @@ def train_metrics(result: TrainResult) -> dict[str, Any]:
     ]
     summary = next((entry for entry in reversed(result.log_history) if "train_runtime" in entry), {})
     gpu_peaks = [entry["peak_gpu_memory_mib"] for entry in result.log_history if "peak_gpu_memory_mib" in entry]
+    rl = rl_steps(result.log_history)
     return {
         "loss": losses,
+        **({"rl": rl} if rl else {}),
         "final_loss": losses[-1]["loss"] if losses else None,
         "steps": result.log_history[-1]["step"] if result.log_history else 0,
         "tokens_seen": result.tokens_seen,
@@ -86,6 +88,18 @@ def train_metrics(result: TrainResult) -> dict[str, Any]:
         "peak_gpu_memory_bytes": round(max(gpu_peaks) * 2**20) if gpu_peaks else None,
         "allocator": allocator.running(),
     }
+
+
+# What a GRPO step logs that the report plots: the mean reward (weighted sum), each reward's mean, the KL to the base
+# (logged when train.rl.kl_weight is not 0), and the completions' mean length in tokens.
+RL_KEYS = ("reward", "reward_std", "kl", "completions/mean_length", "completions/clipped_ratio")
+
+
+def rl_steps(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each logged GRPO step's rewards, KL and completion length; empty for other objectives."""
+    return [{"step": entry["step"], **{key: entry[key] for key in entry
+                                       if key in RL_KEYS or (key.startswith("rewards/") and key.endswith("/mean"))}}
+            for entry in log_history if "reward" in entry]
 
 
 def machine_load(at_start: tuple[float, float, float]) -> dict[str, Any]:

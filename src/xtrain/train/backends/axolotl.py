@@ -28,7 +28,7 @@ from ...recipe import Hardware, Train
 from ...stage import run_command
 from .. import tracking
 from .capabilities import CAPABILITIES
-from .contract import PLANNED_HARDWARE, TrainJob, TrainResult, save_steps
+from .contract import GRPO_REFUSED, PLANNED_HARDWARE, TrainJob, TrainResult, save_steps
 from .distributed import decoder_blocks, found_device, slurm_placeholders, torchrun_command
 from .preference_text import export_text
 from .validation import device_probe, validated
@@ -223,6 +223,7 @@ class Axolotl:
         "train.preference.loss_type": "config.dpo_loss_type",
         "train.preference.desirable_weight": "config.kto_desirable_weight",
         "train.preference.undesirable_weight": "config.kto_undesirable_weight",
+        **GRPO_REFUSED,  # Axolotl's `rl: grpo` is not mapped yet: refused by its capabilities
         "train.report_to": "config.use_tensorboard",
         "train.mlflow_tracking_uri": "config.mlflow_tracking_uri",
         "hardware.accelerator": "argv",

@@ -46,12 +46,12 @@ class Capabilities:
 CAPABILITIES: dict[str, Capabilities] = {
     "trl_cpu": Capabilities(
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
-        methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16"),
-        packing=True, resume=True, compiles=True, adapter_continue=True,
+        methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo", "grpo"),
+        precisions=("fp32", "bf16"), packing=True, resume=True, compiles=True, adapter_continue=True,
     ),
     "trl_local": Capabilities(
         status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None,
-        max_processes=None, methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo"),
+        max_processes=None, methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo", "grpo"),
         precisions=("fp32", "bf16", "fp16"), packing=True, resume=True, compiles=True, adapter_continue=True,
     ),
     # One CPU process: under torchrun on the CPU, Axolotl 0.19's normalize_config sets device_map {"": LOCAL_RANK},

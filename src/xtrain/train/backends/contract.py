@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from ...errors import XtrainError
 from ...plan.schema import Plan
-from ...recipe import Hardware, Preference, Train
+from ...recipe import Hardware, Preference, Reward, Rl, Train
 from .capabilities import Capabilities
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,9 @@ ONE_CPU_PROCESS = {field: "capabilities" for field in ("hardware.accelerator", "
 # The objective fields of a backend that trains supervised fine-tuning only: preflight refuses the others by name.
 SFT_ONLY = {field: "capabilities" for field in ("train.objective", *(f"train.preference.{name}"
                                                                      for name in Preference.model_fields))}
+# The GRPO fields of a backend that does not train it: preflight refuses objective grpo by its capabilities.
+GRPO_REFUSED = {field: "capabilities" for field in (*(f"train.rl.{name}" for name in Rl.model_fields),
+                                                    *(f"train.rewards.{name}" for name in Reward.model_fields))}
 
 
 class Backend(Protocol):

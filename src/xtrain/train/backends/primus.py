@@ -23,7 +23,7 @@ from ...recipe import Hardware, Train
 from ...stage import run_command
 from .. import tracking
 from .capabilities import CAPABILITIES
-from .contract import PLANNED_HARDWARE, SFT_ONLY, TrainJob, TrainResult, grouped_lora_targets, save_steps
+from .contract import GRPO_REFUSED, PLANNED_HARDWARE, SFT_ONLY, TrainJob, TrainResult, grouped_lora_targets, save_steps
 
 IMAGE = "rocm/primus:v26.8"  # the container launcher's default image (Primus CLI reference)
 # Megatron Bridge recipe module and flavor per Hugging Face model_type, with the model preset Primus ships for
@@ -214,6 +214,7 @@ class Primus:
         "hardware.processes": "capabilities",
         **PLANNED_HARDWARE,
         **SFT_ONLY,
+        **GRPO_REFUSED,
         # Refused through the declared capabilities: qlora (and so its quantization), the LoRA variants, NEFTune.
         **{f"train.{field}": "capabilities" for field in (
             "quantization.bits", "quantization.quant_type", "quantization.double_quant", "lora.use_dora",

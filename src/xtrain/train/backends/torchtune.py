@@ -35,7 +35,7 @@ from ...recipe import ADAPTER_METHODS, Hardware, Train
 from ...stage import run_command
 from .. import tracking
 from .capabilities import CAPABILITIES
-from .contract import PLANNED_HARDWARE, TrainJob, TrainResult, grouped_lora_targets
+from .contract import GRPO_REFUSED, PLANNED_HARDWARE, TrainJob, TrainResult, grouped_lora_targets
 from .distributed import found_device, slurm_placeholders, torchrun_command
 
 log = logging.getLogger(__name__)
@@ -423,6 +423,7 @@ class Torchtune:
         "train.preference.loss_type": "config.loss._component_",
         "train.preference.desirable_weight": "capabilities",
         "train.preference.undesirable_weight": "capabilities",
+        **GRPO_REFUSED,  # torchtune 0.6.1 has no GRPO recipe
         "train.report_to": "config.metric_logger.loggers",
         "train.mlflow_tracking_uri": "config.metric_logger.loggers.mlflow.tracking_uri",
         "hardware.accelerator": "argv",

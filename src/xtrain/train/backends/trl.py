@@ -17,6 +17,7 @@ from typing import Literal
 
 from xtrain_backend_side.prepared import PREFERENCE_COLUMNS, split_file, train_split_is_packed, training_columns
 from xtrain_backend_side.tracking import measured
+from xtrain_backend_side.grpo import grpo_trainer
 from xtrain_backend_side.trainer_parts import config_class, preference_trainer, progress, save_every, step_grouped
 
 from ...errors import XtrainError
@@ -25,6 +26,7 @@ from .. import tracking
 from . import guards
 from .contract import PLANNED_HARDWARE, TrainJob, TrainResult
 from .distributed import decoder_blocks
+from .trl_grpo import GRPO_FIELDS, grpo_arguments, prompt_columns, reward_functions
 from .validation import device_probe, validated
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ TRL_FIELDS = {
     "train.preference.loss_type": "config.loss_type",
     "train.preference.desirable_weight": "config.desirable_weight",
     "train.preference.undesirable_weight": "config.undesirable_weight",
+    **GRPO_FIELDS,
     "train.method": "peft",
     "train.lora.r": "peft.r",
     "train.lora.alpha": "peft.lora_alpha",
@@ -113,6 +116,8 @@ def trainer_class(objective: str = "sft"):
     from transformers import Trainer
     from trl import SFTTrainer
 
+    if objective == "grpo":
+        return grpo_trainer()
     if objective != "sft":
         return preference_trainer(objective)
 
@@ -162,7 +167,10 @@ def native(job: TrainJob, placement: Placement) -> dict:
         "config": trainer_arguments(job, placement, packed, fsdp=bool(fsdp)) | fsdp,
         "peft": job.train.lora.peft_kwargs() | {"task_type": "CAUSAL_LM"} if job.train.adapters else None,
         "quantization": quantization_config(job.train, placement.precision),
-        "columns": trained_columns(job.train.objective, packed),
+        "columns": (prompt_columns(job.prepared_dir) if job.train.objective == "grpo"
+                    else trained_columns(job.train.objective, packed)),
+        **({"rewards": [reward.model_dump(exclude_none=True, exclude={"weight"}) for reward in job.train.rewards]}
+           if job.train.rewards else {}),
         "save_every_seconds": job.train.checkpoint_minutes * 60,
         "env": tracking.environment(job),
     }
@@ -181,6 +189,8 @@ def trainer_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: b
     """The TRL config's keyword arguments for the recipe's objective: `sft_arguments`, with `preference_arguments`
     on top for a preference objective."""
     arguments = sft_arguments(job, placement, packed, fsdp=fsdp)
+    if job.train.objective == "grpo":
+        return grpo_arguments(job.train, arguments)
     return arguments if job.train.objective == "sft" else preference_arguments(job, arguments)
 
 
@@ -291,8 +301,9 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
                  "device_map": quantized_device_map(placement)} if settings["quantization"] else {}
     model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, trust_remote_code=job.trust_remote_code,
                                                  **quantized)
-    # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.
-    model.config.use_cache = False
+    # Packed sequences are kept apart by their restarting position ids only when no KV cache is built; GRPO generates
+    # its completions, with the cache.
+    model.config.use_cache = job.train.objective == "grpo"
     dataset = Dataset.from_parquet(str(split_file(job.prepared_dir))).select_columns(settings["columns"])
     peft_config = LoraConfig(**settings["peft"]) if settings["peft"] else None
     if job.adapter_init is not None:
@@ -307,6 +318,7 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
         trainer = measured(trainer_class(job.train.objective))(
             model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
             callbacks=callbacks(settings["save_every_seconds"]),
+            **({"reward_funcs": reward_functions(job.train, Path.cwd())} if job.train.objective == "grpo" else {}),
         )
         trainer.remove_callback(PrinterCallback)  # the progress callback writes each logged step instead
         started = time.perf_counter()

@@ -21,7 +21,7 @@ from ...recipe import Hardware, Train
 from ...stage import run_command
 from .. import tracking
 from .capabilities import CAPABILITIES
-from .contract import TrainJob, TrainResult
+from .contract import GRPO_REFUSED, TrainJob, TrainResult
 from .distributed import found_device
 from .trl import TRL_FIELDS, Placement, cpu_placement, trained_columns, trainer_arguments
 from .validation import device_probe, validated
@@ -35,6 +35,8 @@ class Unsloth:
     # The runner hands the shared TRL config arguments to TRL; the model and LoRA settings to Unsloth's loader.
     fields = {**{field: where.replace("peft.", "job.lora.").replace("config.", "job.trainer.")
                  for field, where in TRL_FIELDS.items()},
+              # GRPO through Unsloth is not mapped yet: refused by its capabilities.
+              **GRPO_REFUSED,
               "train.objective": "job.objective",
               "train.method": "job.method",
               "train.checkpoint_minutes": "job.checkpoint_seconds",
