@@ -7,7 +7,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from xtrain.chain import base_folder, chain_models, chain_params, check_chains  # noqa: E402
+from xtrain.chain import base_folder, chain_models, chain_params, check_chains, root_model  # noqa: E402
 from xtrain.models.hub import model_folder  # noqa: E402
 from xtrain.plan import read_plan  # noqa: E402
 from xtrain.plan.schema import JobPlan, Plan  # noqa: E402
@@ -73,6 +73,14 @@ def model_dir(wildcards):
     bases/<upstream>: rule merge_base), xtrain.chain.base_folder."""
     recipe(wildcards)
     return base_folder(wildcards.recipe, RECIPES, model_folder)
+
+
+def root_model_dir(wildcards):
+    """The model at the top of the recipe's chain (its own model when it is built on none): what the smoke test
+    shrinks and plans, since an upstream checkpoint has its configuration and tokenizer and exists only once the
+    upstream has trained on its GPUs."""
+    recipe(wildcards)
+    return model_folder(root_model(wildcards.recipe, RECIPES))
 
 
 def upstream_checkpoint(wildcards):

@@ -3,7 +3,7 @@
 rule smoke:
     input:
         sources=data_sources,
-        model=model_dir,
+        model=root_model_dir,
         env=cpu_backend_env,
     output:
         directory("smoke/{recipe}"),
