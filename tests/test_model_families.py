@@ -65,17 +65,42 @@ def rows(system: bool) -> list[dict]:
     return out
 
 
+def family_tokenizer(base: Path, family: str, eos: str | None = None):
+    """The tiny model's tokenizer with the family's special tokens and stock template; `eos`: the end-of-sequence
+    token where a checkpoint's differs from the family's (an instruct tokenizer's is its end of turn)."""
+    from transformers import AutoTokenizer
+
+    template, tokens, bos, family_eos, *_ = FAMILIES[family]
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
+    tokenizer.bos_token, tokenizer.eos_token = bos or tokenizer.bos_token, eos or family_eos
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def published_config(name: str) -> dict:
+    """A model's config.json as its hub repository publishes it (tests/data/model_configs/)."""
+    return json.loads((REPO / "tests/data/model_configs" / f"{name}.json").read_text())
+
+
+def config_only_model(base: Path, out: Path, family: str, config: dict, eos: str | None = None,
+                      template: str | None = None) -> Path:
+    """A model folder as `xtrain smoke` may meet it before the weights are downloaded: `config` as config.json and
+    the family's tokenizer (family_tokenizer; `template` in place of its stock one), no weights."""
+    tokenizer = family_tokenizer(base, family, eos)
+    tokenizer.chat_template = template or tokenizer.chat_template
+    tokenizer.save_pretrained(out)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
 def family_model(base: Path, folder: Path, family: str) -> Path:
     """The tiny model with the family's special tokens (embeddings resized) and its stock template."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    template, tokens, bos, eos, *_ = FAMILIES[family]
     out = folder / family
     shutil.copytree(base, out)
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
-    tokenizer.bos_token, tokenizer.eos_token = bos or tokenizer.bos_token, eos
-    tokenizer.chat_template = template
+    tokenizer = family_tokenizer(out, family)
     model = AutoModelForCausalLM.from_pretrained(out)
     model.resize_token_embeddings(len(tokenizer))
     model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -10,28 +10,17 @@ from pathlib import Path
 import pytest
 from backend_runs import ensure_backend_env
 from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
+from test_model_families import config_only_model, published_config
 
 from xtrain.artifacts import read_json
 from xtrain.data import prepare
-from xtrain.data.templates import trl_template
 from xtrain.errors import XtrainError
 from xtrain.recipe import parse_recipe
 from xtrain.smoke import smoke
 
 pytestmark = pytest.mark.slow
 
-# meta-llama/Llama-3.1-8B-Instruct's config.json
-LLAMA_3_1_8B = {
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
-    "eos_token_id": [128001, 128008, 128009], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
-    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": False,
-    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0,
-    "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 128256,
-}
-LLAMA_3_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                  "<|eom_id|>", "<|python_tag|>"]
+LLAMA_3_1_8B = published_config("Llama-3.1-8B-Instruct")
 RECIPE = {
     "model": {"path": "models/llama8b"},
     "data": {"sources": [{"path": "data/demo/chat.jsonl"}], "seq_len": 512},
@@ -41,17 +30,10 @@ RECIPE = {
 
 
 def llama8b_folder(tiny_model: Path, out: Path, template: str | None = None, **config) -> Path:
-    """config.json (LLAMA_3_1_8B updated with `config`) and tokenizer files only: the weights of a model can be
-    missing when it is smoke-tested."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    tokenizer.add_special_tokens({"additional_special_tokens": LLAMA_3_TOKENS})
-    tokenizer.bos_token, tokenizer.eos_token = "<|begin_of_text|>", "<|eot_id|>"
-    tokenizer.chat_template = template or trl_template("llama3_1")
-    tokenizer.save_pretrained(out)
-    (out / "config.json").write_text(json.dumps({**LLAMA_3_1_8B, **config}, indent=2))
-    return out
+    """config.json (LLAMA_3_1_8B updated with `config`) and the instruct tokenizer's files only: the weights of a
+    model can be missing when it is smoke-tested."""
+    config = {**LLAMA_3_1_8B, **config}
+    return config_only_model(tiny_model, out, "llama3_1", config, eos="<|eot_id|>", template=template)
 
 
 @pytest.mark.parametrize("backend", ["trl_local", "axolotl", "torchtune"])
