@@ -24,5 +24,14 @@ include: "rules/smoke.smk"
 rule all:
     default_target: True
     input:
-        expand("reports/{recipe}/gate.json", recipe=sorted(RECIPES)),
+        expand("reports/{recipe}/gate.json", recipe=RECIPE_NAMES),
         expand("exports/{recipe}", recipe=exported_recipes()),
+
+
+# The run ends on what each recipe's jobs came to: report, held-out figures, gate verdict, export, or what failed.
+onsuccess:
+    end_of_run()
+
+
+onerror:
+    end_of_run()

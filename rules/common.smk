@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from snakemake.utils import validate
 
@@ -14,6 +15,7 @@ from xtrain.plan.schema import JobPlan, Plan  # noqa: E402
 from xtrain.preflight import preflight  # noqa: E402
 from xtrain.project.envs import LOCKED, venv_name, venv_parts  # noqa: E402
 from xtrain.recipe import RecipeError, stage_params  # noqa: E402
+from xtrain.summary import DONE, FAILED, NOT_RUN, Job as RunJob, end_of_run as run_summary  # noqa: E402
 
 validate(config, "../config/config.schema.yaml")
 
@@ -42,17 +44,33 @@ def models_built_by_rules():
 
 
 def load_recipes(folder):
-    """Check every recipe before any job runs (xtrain.preflight); the first bad one stops the workflow."""
-    recipes = {}
+    """Check every recipe before any job runs (xtrain.preflight). A bad one is set aside, named in one warning line:
+    a target that needs it stops on its whole message (`recipe`), a target naming only other recipes runs."""
+    recipes, broken = {}, {}
     for path in sorted(Path(folder).glob("*.yaml")):
         try:
             recipes[path.stem] = preflight(path, Path.cwd(), config["allowed_paths"], built=models_built_by_rules())
         except RecipeError as exc:  # names the file, the field and the fix
-            raise WorkflowError(str(exc))
-    return recipes
+            set_aside(broken, path.stem, str(exc))
+    # A recipe built on a set-aside one (model.recipe) is set aside with it.
+    while below := [name for name, loaded in recipes.items() if loaded.model.recipe in broken]:
+        for name in below:
+            parent = recipes.pop(name).model.recipe
+            set_aside(broken, name, f"{folder}/{name}.yaml: model.recipe: {folder}/{parent}.yaml is invalid: fix it")
+    return recipes, broken
 
 
-RECIPES = load_recipes(config["recipes"])
+def set_aside(broken, name, message):
+    """Keep a bad recipe's message for the targets that need it, and name it in one warning line now."""
+    broken[name] = message
+    first, *problems = message.splitlines()
+    problem = f"{first}: {'; '.join(line.strip() for line in problems)}" if problems else first
+    logger.warning(f"{problem} (set aside: a target that needs `{name}` stops on this, others run)")
+
+
+RECIPES, BROKEN = load_recipes(config["recipes"])
+# Every recipe of the folder, the invalid ones too: `all` and `compare` need them all.
+RECIPE_NAMES = sorted([*RECIPES, *BROKEN])
 try:  # recipes built on other recipes (model.recipe): every chain complete, acyclic and consistent
     check_chains(RECIPES, config["recipes"])
 except RecipeError as exc:
@@ -60,6 +78,8 @@ except RecipeError as exc:
 
 
 def recipe(wildcards):
+    if wildcards.recipe in BROKEN:
+        raise WorkflowError(BROKEN[wildcards.recipe])
     try:
         return RECIPES[wildcards.recipe]
     except KeyError:
@@ -196,6 +216,24 @@ def venv_accelerator(wildcards):
 
 def backend_uninstall(wildcards):
     return config["backends"][venv_parts(wildcards.venv)[0]].get("uninstall", [])
+
+
+def end_of_run():
+    """What each recipe's jobs in this run came to (xtrain.summary), as the run's last words."""
+    failed = workflow.scheduler.failed
+    jobs = [
+        RunJob(
+            job.wildcards_dict["recipe"],
+            job.rule.name,
+            DONE if workflow.dag.finished(job) else FAILED if job in failed else NOT_RUN,
+            tuple(str(path) for path in job.log),
+        )
+        for job in workflow.dag.needrun_jobs(exclude_finished=False)
+        if "recipe" in job.wildcards_dict
+    ]
+    summary = run_summary(jobs, RECIPES, Path.cwd())
+    if summary:
+        logger.info(summary)
 
 
 def planned(key, default, plan="plan"):

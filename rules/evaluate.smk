@@ -70,7 +70,7 @@ rule gate:
 
 rule compare:
     input:
-        expand("reports/{recipe}/eval.json", recipe=sorted(RECIPES)),
+        expand("reports/{recipe}/eval.json", recipe=RECIPE_NAMES),
     output:
         "reports/compare.html",
     log:
