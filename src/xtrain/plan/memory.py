@@ -61,9 +61,15 @@ REFTYPE_TO_KEY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "grad
                   "Activation": "activations", "Other": "activations", "Temp": "workspace"}
 
 
-def traced(model_dir: Path, train: Train, step: Step, trust_remote_code: bool = False) -> Trace:
-    lora = train.lora.model_dump_json() if train.method == "lora" else None
-    return _traced(str(model_dir), train.method, lora, step, trust_remote_code)
+def traced(model_dir: Path, train: Train, step: Step, trust_remote_code: bool = False,
+           params: dict | None = None) -> Trace:
+    """The traced step. QLoRA's is LoRA's traced with the base in `step.weights_dtype`, its 4-bit storage then
+    counted by `quantized` (bitsandbytes' layers do not run on fake tensors): `params` must carry the counts."""
+    lora = train.lora.model_dump_json() if train.adapters else None
+    trace = _traced(str(model_dir), "lora" if train.adapters else train.method, lora, step, trust_remote_code)
+    if train.method != "qlora":
+        return trace
+    return trace._replace(breakdown=quantized(trace.breakdown, params, train, step))
 
 
 @functools.lru_cache(maxsize=256)  # the layout search and the "does not fit" advice revisit steps
@@ -85,7 +91,7 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
         transformers_model(model).tie_weights()  # to_empty unties shared storage
         if step.checkpointing:
             model.activation_checkpointing_enable()
-        if method == "lora" and step.checkpointing:
+        if method != "full" and step.checkpointing:
             model.enable_input_require_grads()  # as the HF Trainer does for adapters under checkpointing
         model.train()
         ids = torch.zeros((1, step.rows * step.seq_len) if step.packed else (step.rows, step.seq_len), dtype=torch.long)
@@ -192,8 +198,40 @@ ACTIVATION_COEFFICIENTS = {  # (method, 16-bit autocast) -> (c_hidden, c_mlp)
 }
 
 
-def analytical(params: dict, method: str, step: Step) -> dict[str, int]:
-    """Closed-form peak bytes by the same breakdown as `traced`."""
+# Bytes per weight of a 4-bit layer (bitsandbytes): two weights per byte, one absmax per block of 64 weights (fp32;
+# with double quantization uint8, plus one fp32 scale per 256 of those blocks).
+QUANT_BLOCK, DOUBLE_QUANT_BLOCK = 64, 256
+# Bytes per trainable parameter of a QLoRA run as TRL trains it: it casts the adapters (and modules_to_save) of a
+# quantized model to bf16, so AdamW keeps its two states in bf16 as well (weights, gradients, optimizer).
+QLORA_TRAINABLE = {"weights": 2, "gradients": 2, "optimizer": 4}
+
+
+def four_bit_bytes(double_quant: bool) -> float:
+    """Bytes per weight of a 4-bit base layer, its quantization constants included."""
+    constants = (1 + 4 / DOUBLE_QUANT_BLOCK) if double_quant else 4
+    return 0.5 + constants / QUANT_BLOCK
+
+
+def quantized(breakdown: dict[str, int], params: dict, train: Train, step: Step) -> dict[str, int]:
+    """A LoRA step's breakdown (base in `step.weights_dtype`, adapters in fp32) as QLoRA runs it: the base's linear
+    layers at 4 bits plus constants, one layer at a time dequantized to the compute dtype (workspace), and the
+    trainable parameters, their gradients and AdamW states in bf16."""
+    linear, largest, trainable = params["quantized"], params["largest_quantized"], params["trainable"]
+    weights = (breakdown["weights"] - linear * BYTES[step.weights_dtype] + linear * four_bit_bytes(train.quantization.double_quant)
+               - trainable * (4 - QLORA_TRAINABLE["weights"]))
+    return {
+        **breakdown,
+        "weights": int(weights),
+        "gradients": breakdown["gradients"] * QLORA_TRAINABLE["gradients"] // 4,
+        "optimizer": breakdown["optimizer"] * QLORA_TRAINABLE["optimizer"] // 8,
+        "workspace": breakdown["workspace"] + largest * BYTES[step.precision],
+    }
+
+
+def analytical(params: dict, method: str, step: Step, train: Train | None = None) -> dict[str, int]:
+    """Closed-form peak bytes by the same breakdown as `traced` (`train`: the quantization, for method qlora)."""
+    if method == "qlora":
+        return quantized(analytical(params, "lora", step), params, train, step)
     half = step.precision != "fp32"
     trainable, frozen = params["trainable"], params["total"] - params["trainable"]
     h, inter, layers, vocab = params["hidden_size"], params["intermediate_size"], params["layers"], params["vocab_size"]

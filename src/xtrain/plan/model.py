@@ -20,7 +20,7 @@ def meta_model(model_dir: Path, train: Train, dtype=None, trust_remote_code: boo
     config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
-    if train.method == "lora":
+    if train.adapters:
         from peft import LoraConfig, get_peft_model
 
         check_lora_targets(model, list(train.lora.target_modules))
@@ -32,15 +32,30 @@ def count_parameters(model_dir: Path, train: Train, trust_remote_code: bool = Fa
     """Total and trainable parameters of the model as the recipe trains it, and the shapes the plan uses."""
     model = meta_model(model_dir, train, trust_remote_code=trust_remote_code)
     config = model.config
+    quantized = quantized_linears(model) if train.method == "qlora" else []
     return {
         "total": sum(p.numel() for p in model.parameters()),
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        **({"quantized": sum(quantized), "largest_quantized": max(quantized, default=0)} if quantized else {}),
         "largest_layer": largest_block(model),
         "layers": config.num_hidden_layers,
         "hidden_size": config.hidden_size,
         "intermediate_size": getattr(config, "intermediate_size", 4 * config.hidden_size),
         "vocab_size": config.vocab_size,
     }
+
+
+def quantized_linears(model) -> list[int]:
+    """Weights (element counts) of the linear layers a 4-bit load quantizes: every `nn.Linear` of the base except
+    the output head, which transformers' bitsandbytes loader keeps in full precision (as it does a tied one)."""
+    import torch
+
+    base = transformers_model(model)
+    head = base.get_output_embeddings()
+    return [module.base_layer.weight.numel() if hasattr(module, "base_layer") else module.weight.numel()
+            for name, module in base.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not head and "lora_" not in name
+            and not (hasattr(module, "base_layer") and module.base_layer is head)]
 
 
 def largest_block(model) -> int:

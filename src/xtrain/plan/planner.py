@@ -26,7 +26,7 @@ from . import compile as compilation
 from .memory import BYTES, Step, analytical, traced
 from .model import count_parameters
 from .schema import Compile, Plan
-from .speed import cpu_count, cpu_supports_bf16, device_rates, flops_per_token
+from .speed import cpu_count, cpu_supports_bf16, dequantize_seconds, device_rates, flops_per_token
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +88,11 @@ class Planner:
         breakdown = None
         if self.estimator == "traced":
             try:
-                breakdown = dict(traced(self.model_dir, self.train, step, self.trust_remote_code).breakdown)
+                breakdown = dict(traced(self.model_dir, self.train, step, self.trust_remote_code, self.params).breakdown)
             except Exception as exc:  # an architecture the fake-tensor trace cannot run: fall back, say why
                 self.estimator, self.fallback_reason = "analytical", f"{type(exc).__name__}: {exc}"[:300]
                 log.warning("memory trace failed, using the analytical estimator: %s", self.fallback_reason)
-        breakdown = breakdown or analytical(self.params, self.train.method, step)
+        breakdown = breakdown or analytical(self.params, self.train.method, step, self.train)
         if self.reference == "copy":  # the frozen reference model
             breakdown["weights"] += self.params["total"] * BYTES[step.weights_dtype]
         return breakdown
@@ -110,12 +110,14 @@ class Planner:
         """Predicted seconds of one forward+backward(+optimizer) over `tokens` tokens, and its terms."""
         rates = device_rates(self.hardware, step.precision, self.params["hidden_size"])
         if self.estimator == "traced":
-            trace = traced(self.model_dir, self.train, step, self.trust_remote_code)
+            trace = traced(self.model_dir, self.train, step, self.trust_remote_code, self.params)
             per_token, ops, source = trace.flops / (step.rows * step.seq_len), trace.ops, "traced"
         else:  # without a trace the op count is unknown: small models will run slower than predicted
             attended = step.seq_len * (step.rows if step.packed else 1)  # tokens each token's attention spans
             per_token, ops, source = flops_per_token(self.params, attended, step.checkpointing), 0, "analytical"
         seconds = tokens * per_token / rates["matmul_flops"] + ops * rates["op_seconds"]
+        if self.train.method == "qlora":
+            seconds += dequantize_seconds(self.params["quantized"], step.checkpointing, self.hardware.accelerator)
         if self.reference in ("adapter", "copy"):  # the reference forward in each step
             seconds *= 1 + REFERENCE_FORWARD
         return seconds, {"flops_per_token": round(per_token), "flops_source": source, "ops_per_micro_step": ops,
@@ -197,7 +199,7 @@ def make_plan(
             "reserved_bytes_per_device": planner.reserved(peak),
             "budget_bytes_per_device": planner.budget(),
             "breakdown_bytes": breakdown,
-            "analytical_peak_bytes_per_device": int(sum(analytical(params, train.method, step).values())),
+            "analytical_peak_bytes_per_device": int(sum(analytical(params, train.method, step, train).values())),
         },
         "time": {
             "steps": steps,
@@ -245,7 +247,7 @@ def first_reference(train: Train) -> str | None:
     not fit."""
     if train.objective not in REFERENCED:
         return None
-    return "adapter" if train.method == "lora" else "copy"
+    return "adapter" if train.adapters else "copy"
 
 
 def fitting_steps(planner: Planner, candidate_precisions: list[str], per_device: int, longest: int,
@@ -305,7 +307,7 @@ def strategies(planner: Planner) -> list[str]:
 def first_step(planner: Planner, precision: str, micro: int, seq_len: int, checkpointing: bool) -> Step:
     hardware = planner.hardware
     # Full fine-tunes keep fp32 master weights; LoRA holds the frozen base in the GPU's 16-bit dtype.
-    weights = precision if planner.train.method == "lora" and hardware.accelerator != "cpu" else "fp32"
+    weights = precision if planner.train.adapters and hardware.accelerator != "cpu" else "fp32"
     return Step(micro, seq_len, precision, weights, checkpointing, foreach=hardware.accelerator != "cpu",
                 sequences=planner.sequences, packed=planner.packed)
 

@@ -26,6 +26,10 @@ class ModelShape(Section):
 
     total: int = Field(description="parameters")
     trainable: int = Field(description="parameters that train (the LoRA adapters, or all of them)")
+    quantized: int | None = Field(None, description="train.method qlora: weights of the linear layers stored in 4 "
+                                  "bits (every nn.Linear of the base but the output head)")
+    largest_quantized: int | None = Field(None, description="train.method qlora: weights of the largest of those "
+                                          "layers (the one dequantized copy held at a time)")
     largest_layer: int = Field(description="parameters of the largest decoder block (FSDP's unit)")
     layers: int = Field(description="decoder blocks")
     hidden_size: int = Field(description="model width")

@@ -27,6 +27,18 @@ CPU_OP_COST_FACTOR = 4.0
 # Model FLOPs utilisation a tuned GPU training step reaches, and a kernel launch per op.
 GPU_MFU = {"cuda": 0.4, "rocm": 0.35}
 GPU_OP_SECONDS = 8e-6
+# QLoRA on a CPU: bitsandbytes' dequantize_4bit of one base weight to the compute dtype, paid each time a step
+# dequantizes a layer (its forward, its input's gradient, and the forward again under gradient checkpointing).
+# bench/bench_dequantize.py on this 2-core machine, loaded: 4-7 ns per weight on most layer shapes and settings
+# (its slow windows, up to 130 ns, are the other jobs' load). On GPUs the cost is not modelled.
+CPU_DEQUANTIZE_SECONDS_PER_WEIGHT = 6e-9
+
+
+def dequantize_seconds(quantized_weights: int, checkpointing: bool, accelerator: str) -> float:
+    """Seconds one QLoRA micro-step spends dequantizing its 4-bit base (0 where it is not modelled)."""
+    if accelerator != "cpu":
+        return 0.0
+    return (3 if checkpointing else 2) * quantized_weights * CPU_DEQUANTIZE_SECONDS_PER_WEIGHT
 
 
 def flops_per_token(params: dict, seq_len: int, checkpointing: bool) -> float:

@@ -301,6 +301,13 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
                  "device_map": quantized_device_map(placement)} if settings["quantization"] else {}
     model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, trust_remote_code=job.trust_remote_code,
                                                  **quantized)
+    if quantized:
+        import bitsandbytes
+
+        layers = sum(isinstance(module, bitsandbytes.nn.Linear4bit) for module in model.modules())
+        log.info("base loaded in 4 bits: %d Linear4bit layers (%s%s), computing in %s", layers,
+                 train.quantization.quant_type, ", double-quantized" if train.quantization.double_quant else "",
+                 settings["quantization"]["bnb_4bit_compute_dtype"])
     # Packed sequences are kept apart by their restarting position ids only when no KV cache is built; GRPO generates
     # its completions, with the cache.
     model.config.use_cache = job.train.objective == "grpo"
