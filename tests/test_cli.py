@@ -104,9 +104,9 @@ def test_run_and_train_build_gates_and_exports_from_anywhere_in_the_project(bare
     assert cli.main(["run", "../../recipes/demo.yaml"]) == 0
     assert cli.main(["run"]) == 0
     assert calls == [
-        (["--cores", "all", "reports/demo/gate.json"], root),
-        (["--cores", "2", "reports/exported/gate.json", "exports/exported", "--dry-run"], root),
-        (["--cores", "all", "reports/demo/gate.json"], root),
+        (["reports/demo/gate.json", "--cores", "all"], root),
+        (["reports/exported/gate.json", "exports/exported", "--cores", "2", "--dry-run"], root),
+        (["reports/demo/gate.json", "--cores", "all"], root),
         (["--cores", "all"], root),  # rule all: every recipe, exports included
     ]
 
@@ -121,9 +121,9 @@ def test_a_recipe_outside_recipes_is_read_in_its_folder(bare, tmp_path_factory, 
     assert cli.main(["run", "../../experiments/mine.yaml"]) == 0
     assert cli.main(["eval", str(elsewhere / "theirs.yaml")]) == 0
     assert calls == [
-        (["--cores", "all", "--config", "recipes=experiments", "reports/mine/gate.json", "exports/mine"], root),
-        (["--cores", "all", "--config", f"recipes={elsewhere}", "reports/theirs/eval.json",
-          "reports/theirs/report.html"], root),
+        (["reports/mine/gate.json", "exports/mine", "--config", "recipes=experiments", "--cores", "all"], root),
+        (["reports/theirs/eval.json", "reports/theirs/report.html", "--config", f"recipes={elsewhere}", "--cores",
+          "all"], root),
     ]
     refused = {
         (str(elsewhere / "demo.yaml"),): "share the name demo, and with it every output",
@@ -146,7 +146,7 @@ def test_export_and_chat_build_their_stage(bare, monkeypatch, capsys):
     assert cli.main(["chat", "demo", "--system", "Be brief.", "--temperature", "0.5"]) == 0
     (root / "exports/exported/merged").mkdir(parents=True)
     assert cli.main(["chat", str(root / "exports/exported")]) == 0  # a folder: as it is, nothing built
-    assert calls == [(["--cores", "all", "exports/exported"], root), (["--cores", "all", "checkpoints/demo"], root)]
+    assert calls == [(["exports/exported", "--cores", "all"], root), (["checkpoints/demo", "--cores", "all"], root)]
     assert chats == [
         (["checkpoints/demo", "--system", "Be brief.", "--max-new-tokens", "256", "--temperature", "0.5"], root),
         (["exports/exported", "--max-new-tokens", "256", "--temperature", "0.0"], root),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,7 +102,8 @@ def has_export(selection: Selection, name: str) -> bool:
 
 def build(args: argparse.Namespace, selection: Selection, targets: list[str]) -> int:
     """Snakemake on `targets` (none: rule all) of the selection's folder, with the Slurm profile when asked."""
-    command = [*snakemake_command(), "--cores", str(args.cores), *selection.config(), *targets]
+    # `--config` takes every word up to the next option, so the targets go before it.
+    command = [*snakemake_command(), *targets, *selection.config(), "--cores", str(args.cores)]
     if getattr(args, "slurm", False):
         command += ["--profile", "profiles/slurm"]
     if getattr(args, "dry_run", False):
@@ -231,7 +231,7 @@ def chat(args: argparse.Namespace) -> int:
     from . import chat as chat_module
 
     folder = args.cwd / args.recipe
-    if folder.is_dir():
+    if "/" in args.recipe and folder.is_dir():  # a bare word is a recipe's name, even beside a folder of that name
         target = inside(folder)
     else:
         selection = selected([args.recipe], args.cwd)
@@ -316,7 +316,7 @@ def plan(args: argparse.Namespace) -> int:
     selection = selected([args.recipe], args.cwd)
     (name,) = selection.names
     path = Path(f"plans/{name}/plan.json")
-    built = subprocess.run([*snakemake_command(), "--cores", "all", *selection.config(), str(path)],
+    built = subprocess.run([*snakemake_command(), str(path), *selection.config(), "--cores", "all"],
                            capture_output=True, text=True)
     if built.returncode != 0:
         sys.stderr.write(built.stdout[-3000:] + built.stderr[-3000:])
