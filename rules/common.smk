@@ -16,6 +16,7 @@ from xtrain.preflight import preflight  # noqa: E402
 from xtrain.project.envs import LOCKED, venv_name, venv_parts  # noqa: E402
 from xtrain.recipe import RecipeError, stage_params  # noqa: E402
 from xtrain.summary import DONE, FAILED, NOT_RUN, Job as RunJob, end_of_run as run_summary  # noqa: E402
+from xtrain_backend_side.rewards import file_hashes  # noqa: E402
 
 validate(config, "../config/config.schema.yaml")
 
@@ -135,13 +136,19 @@ def lm_eval_tasks(wildcards):
     return sorted(str(path) for path in Path(harness.include_path).rglob("*") if path.is_file())
 
 
+def reward_file_hashes(wildcards):
+    """sha256 of each reward file the recipe trains with (train.rewards python, in rewards/): the train rule's
+    params, so an edit to one reruns training and nothing before it."""
+    rewards = recipe(wildcards).train.rewards
+    return file_hashes(Path.cwd(), (reward.model_dump() for reward in rewards))
+
+
 def recipe_slice(stage):
     """Params of a stage: only the recipe sections it reads, so other edits do not rerun it; and for a recipe built
     on another, how (xtrain.chain.chain_params)."""
     return lambda wildcards: stage_params(recipe(wildcards), stage) | chain_params(
         wildcards.recipe, RECIPES, model_folder, stage
     )
-
 
 
 def exported_recipes():

@@ -24,6 +24,7 @@ rule train:
         nodes=planned("nodes", 1),
     params:
         recipe=recipe_slice("train"),
+        reward_files=reward_file_hashes,
         work_dir="runs/{recipe}",
     script:
         "../scripts/dispatch.py"

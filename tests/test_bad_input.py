@@ -81,12 +81,32 @@ def project(tmp_path_factory) -> Path:
         (tasks / "t.yaml").write_text(EVIL_TASK if "plain" not in str(tasks) else PLAIN_TASK)
         (tasks / "evil.py").write_text(f"open({str(root / 'pwned')!r}, 'w').write('ran')\n"
                                        "def process_docs(docs):\n    return docs\n")
+    # GRPO: prompt rows, one without the `answer` the answer reward reads; a reward file that leaves a mark if it
+    # runs, with functions right and wrong, one that does not parse, and one linking out of rewards/.
+    (root / "data/prompts.jsonl").write_text('{"question": "What is 2 + 2?", "answer": "4"}\n')
+    (root / "data/questions.jsonl").write_text('{"question": "What is 2 + 2?"}\n')
+    (root / "rewards").mkdir()
+    (root / "rewards/mine.py").write_text(
+        f"open({str(root / 'pwned')!r}, 'w').write('ran')\n"
+        "def score(completions, answer, **kwargs):\n    return [float(answer in c) for c in completions]\n"
+        "def solved(completions, solution, hint=None, **kwargs):\n    return [1.0] * len(completions)\n"
+        "def strict(completions, answer):\n    return [1.0] * len(completions)\n"
+        "async def judged(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    (root / "rewards/broken.py").write_text("def score(completions, **kwargs)\n    return []\n")
+    (root / "data/reward.py").write_text("def score(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    (root / "rewards/linked.py").symlink_to(root / "data/reward.py")
     return root
 
 
 def tree(root: Path) -> dict[str, int]:
     """Every file under `root` with its modification time."""
     return {str(p.relative_to(root)): p.lstat().st_mtime_ns for p in root.rglob("*") if not p.is_dir()}
+
+
+def grpo(*rewards: dict, data: str = "data/prompts.jsonl") -> dict:
+    """Changes to GOOD for a GRPO recipe on `data` with these rewards."""
+    return {"data": {"sources": [{"path": data}]},
+            "train": {"objective": "grpo", "rl": {"max_completion_length": 32}, "rewards": list(rewards)}}
 
 
 # (id, recipe file name, changes to GOOD or raw YAML text, text naming the field or place, the fix it gives)
@@ -164,6 +184,36 @@ BAD_RECIPES = [
      "data/pairs.jsonl:1: this source holds preference pairs", "train.objective: dpo"),
     ("data-path-missing", "r", {"data": {"sources": [{"path": "data/nosuch.jsonl"}]}}, "data.sources[0].path",
      "fix the path or create the file"),
+    ("grpo-rows-lack-a-reward-column", "r", grpo({"type": "answer"}, data="data/questions.jsonl"),
+     "data/questions.jsonl:1: the rewards read `answer` (reward answer), which this row lacks",
+     "add the column, or name the right one in train.rewards[].column"),
+    ("grpo-python-reward-reads-a-missing-column", "r", grpo({"type": "python", "file": "rewards/mine.py",
+                                                             "function": "solved"}),
+     "the rewards read `solution` (reward rewards/mine.py:solved)", "add the column"),
+    ("grpo-reward-function-missing", "r", grpo({"type": "python", "file": "rewards/mine.py", "function": "scor"}),
+     "train.rewards[0].function: rewards/mine.py defines no function 'scor' at its top level (it defines "
+     "['judged', 'score', 'solved', 'strict'])", "fix train.rewards[].function or define it"),
+    ("grpo-reward-without-kwargs", "r", grpo({"type": "python", "file": "rewards/mine.py", "function": "strict"}),
+     "train.rewards[0].function: strict (rewards/mine.py line 6) takes no **kwargs", "add **kwargs"),
+    ("grpo-reward-async", "r", grpo({"type": "python", "file": "rewards/mine.py", "function": "judged"}),
+     "train.rewards[0].function: judged (rewards/mine.py line 8) is async", "define it with `def`"),
+    ("grpo-reward-file-does-not-parse", "r", grpo({"type": "python", "file": "rewards/broken.py",
+                                                   "function": "score"}),
+     "train.rewards[0].file: rewards/broken.py line 1", "fix the file"),
+    ("grpo-reward-file-links-out-of-rewards", "r", grpo({"type": "python", "file": "rewards/linked.py",
+                                                         "function": "score"}),
+     "train.rewards[0].file: rewards/linked.py resolves to {project}/data/reward.py, outside {project}/rewards",
+     "copy the file there"),
+    ("grpo-reward-file-outside-rewards", "r", grpo({"type": "python", "file": "data/reward.py", "function": "score"}),
+     "train.rewards[0]", "reward code lives in the project's rewards/ folder"),
+    ("grpo-reward-file-outside-the-project", "r", grpo({"type": "python", "file": "rewards/../../{outside}/x.py",
+                                                        "function": "score"}),
+     "train.rewards[0]", "reward code lives in the project's rewards/ folder"),
+    ("sft-data-in-grpo-recipe", "r", grpo({"type": "answer"}, data="data/chat.jsonl"),
+     "data/chat.jsonl:1: field `messages`: a prompt ends with the user's turn, this one with assistant",
+     "set train.objective: sft"),
+    ("preference-data-in-grpo-recipe", "r", grpo({"type": "format", "pattern": "^A"}, data="data/pairs.jsonl"),
+     "data/pairs.jsonl:1: this source holds preference pairs", "set train.objective: dpo or orpo"),
     ("recipe-name-with-dotdot", "..up", {}, "'..up'", "rename the file"),
     ("recipe-name-with-dots", "a..b", {}, "'a..b'", "rename the file"),
     ("key-given-twice", "r", "model: {path: models/base}\ndata: {sources: [{path: data/chat.jsonl}]}\n"
@@ -197,6 +247,17 @@ def test_bad_recipe_is_refused_before_any_job(project, name, content, field, fix
     assert fix in message, message
     assert not (project / "pwned").exists() and not Path("pwned").exists()
     assert tree(project) == before, "nothing written"
+
+
+def test_a_grpo_recipe_passes_preflight_without_running_its_reward_file(project):
+    path = project / "recipes" / "grpo.yaml"
+    path.write_text(yaml.safe_dump(merged(GOOD, grpo({"type": "answer"}, {"type": "python", "file": "rewards/mine.py",
+                                                                          "function": "score"}))))
+    try:
+        assert [reward.name for reward in preflight(path, project).train.rewards] == ["answer", "rewards/mine.py:score"]
+    finally:
+        path.unlink()
+    assert not (project / "pwned").exists(), "preflight reads a reward file, never runs it"
 
 
 def test_allowed_paths_admit_a_folder_outside_the_project(project):

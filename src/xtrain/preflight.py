@@ -1,7 +1,8 @@
 """Everything checked about a recipe before any job runs: its schema, its paths, its model (the files of its folder:
 a tokenizer, safetensors weights, an architecture transformers knows or `model.trust_remote_code`, positions for
-`data.seq_len`, and what a GGUF export will need), its lm-eval task folder (no Python unless `eval.lm_eval.trust_code`), its data (each local
-source's format is detected and its first rows parse), its batch layout and what its backend can honour.
+`data.seq_len`, and what a GGUF export will need), its lm-eval task folder (no Python unless `eval.lm_eval.trust_code`), its GRPO rewards (a Python reward's function
+found in its file by `ast`, never run), its data (each local source's format is detected and its first rows parse, and
+hold every column a reward reads), its batch layout and what its backend can honour.
 
 The workflow (rules/common.smk) runs `preflight` on every recipe as it starts, so a mistake costs no
 compute; a failure is a `RecipeError` that names the recipe file, the field and what to do.
@@ -9,6 +10,7 @@ compute; a failure is a `RecipeError` that names the recipe file, the field and 
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 from collections.abc import Iterable
@@ -21,7 +23,9 @@ from .evaluate.harness import check_task_code
 from .models.hub import model_folder
 from .paths import check_recipe_paths
 from .plan.planner import check_micro_batch
-from .recipe import DATA_KINDS, Export, Model, Recipe, RecipeError, load_recipe
+from xtrain_backend_side.rewards import REWARDS_FOLDER, needed_columns
+
+from .recipe import DATA_KINDS, Export, Model, Recipe, RecipeError, Reward, load_recipe
 from .train.backends import registry
 
 log = logging.getLogger(__name__)
@@ -43,9 +47,11 @@ def preflight(path: str | Path, project: Path, allowed: Iterable[str] = (), buil
             check_seq_len(folder, recipe.data.seq_len)
         if recipe.eval.lm_eval is not None:
             check_task_code(recipe.eval.lm_eval, project)
+        reward_columns = check_rewards(recipe.train.rewards, project)
         for source in recipe.data.sources:
             if source.path is not None and (project / source.path).exists():
-                check_first_rows(source, project / source.path, DATA_KINDS[recipe.train.objective])
+                check_first_rows(source, project / source.path, DATA_KINDS[recipe.train.objective],
+                                 reward_columns=reward_columns)
         check_micro_batch(recipe.train, recipe.hardware)
         registry.check(recipe.train.backend, recipe.train, recipe.hardware, packed=recipe.data.packing)
     except XtrainError as exc:  # these name the field; the recipe file is added here
@@ -106,3 +112,60 @@ def check_gguf_export(folder: Path, model: Model) -> None:
         raise XtrainError(f"export.gguf: the tokenizer of {folder} has {tokens} tokens, more than the model's "
                           f"{config.vocab_size} embedding rows (vocab_size in config.json): GGUF files cannot hold it; "
                           "use the model's own tokenizer, or remove export.gguf")
+
+
+# What TRL passes every reward besides the prompt row's columns (xtrain_backend_side.rewards.Term).
+REWARD_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                    "environments"}
+
+
+def check_rewards(rewards: list[Reward], project: Path) -> dict[str, str]:
+    """The columns train.rewards read from each prompt row (column -> the reward that reads it): the built-ins'
+    (`answer`, `tools` or the column named), and each Python reward's parameters without a default."""
+    needed = needed_columns(reward.model_dump() for reward in rewards)
+    for index, reward in enumerate(rewards):
+        if reward.type == "python":
+            for column in python_reward_columns(project, reward.file, reward.function, f"train.rewards[{index}]"):
+                needed.setdefault(column, reward.name)
+    return needed
+
+
+def python_reward_columns(project: Path, file: str, function: str, field: str) -> list[str]:
+    """The row columns `function` of the reward file reads (its parameters without a default), read from the file
+    with `ast`, never run; refused: a file resolving outside the project's rewards/, one that does not parse, no
+    such function at its top level, an async one, one without **kwargs (each reward is called with every column)."""
+    folder = (project / REWARDS_FOLDER).resolve()
+    path = (project / file).resolve()
+    if not path.is_relative_to(folder):
+        raise XtrainError(f"{field}.file: {file} resolves to {path}, outside {folder}: reward code lives in the "
+                          f"project's {REWARDS_FOLDER}/ folder; copy the file there rather than linking it")
+    try:
+        tree = ast.parse(path.read_bytes(), filename=file)
+    except SyntaxError as exc:
+        raise XtrainError(f"{field}.file: {file} line {exc.lineno}: {exc.msg}: fix the file") from None
+    defined = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    bound = {name.id for node in tree.body if isinstance(node, ast.Assign | ast.AnnAssign)
+             for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+             for name in ast.walk(target) if isinstance(name, ast.Name)}
+    bound |= {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    node = defined.get(function)
+    if node is None:
+        if function in bound:  # made by a call or imported: its parameters are known only when it runs
+            return []
+        names = sorted(name for name in defined if not name.startswith("_"))
+        raise XtrainError(f"{field}.function: {file} defines no function {function!r} at its top level (it defines "
+                          f"{names or 'none'}): fix train.rewards[].function or define it in the file")
+    where = f"{field}.function: {function} ({file} line {node.lineno})"
+    if isinstance(node, ast.AsyncFunctionDef):
+        raise XtrainError(f"{where} is async; rewards are called as plain functions: define it with `def`")
+    args = node.args
+    if args.posonlyargs:
+        raise XtrainError(f"{where} takes positional-only parameters; rewards are called with keyword arguments: "
+                          "remove the `/`")
+    if args.kwarg is None:
+        raise XtrainError(f"{where} takes no **kwargs, but each reward is called with the prompts, completions, "
+                          "completion_ids, every column of the row and TRL's trainer_state: add **kwargs for those it "
+                          "does not read")
+    required = args.args[:len(args.args) - len(args.defaults)]
+    required += [arg for arg, default in zip(args.kwonlyargs, args.kw_defaults) if default is None]
+    return [arg.arg for arg in required if arg.arg not in REWARD_ARGUMENTS]

@@ -216,9 +216,15 @@ def user_function(project: Path, file: str, function: str) -> Callable[..., list
     return found
 
 
-def file_hash(project: Path, file: str) -> str:
-    """sha256 of a reward file: part of the train stage's params, so an edit reruns training."""
-    return hashlib.sha256((project / file).read_bytes()).hexdigest()
+def reward_files(rewards: Iterable[dict[str, Any]]) -> list[str]:
+    """The project's reward files train.rewards runs (as dumped: dicts), each once, in order."""
+    return list(dict.fromkeys(reward["file"] for reward in rewards if reward["type"] == "python"))
+
+
+def file_hashes(project: Path, rewards: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """sha256 of each reward file train.rewards runs: the train rule's params hold them, so an edit to one reruns
+    training (and nothing before it)."""
+    return {file: hashlib.sha256((project / file).read_bytes()).hexdigest() for file in reward_files(rewards)}
 
 
 class Term:

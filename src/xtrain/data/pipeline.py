@@ -135,12 +135,16 @@ def local_paths(data: Data, sources: list[Path]) -> list[Path | None]:
     return [next(files) if source.path is not None else None for source in data.sources]
 
 
-def check_first_rows(source: DataSource, path: Path, kind: str = "chats", rows: int = 20) -> str:
+def check_first_rows(source: DataSource, path: Path, kind: str = "chats", rows: int = 20,
+                     reward_columns: dict[str, str] | None = None) -> str:
     """Before any job: a local source's first rows are read, its format detected (chats for sft, preference data
-    for dpo/kto), and those rows parsed; the format."""
+    for dpo/kto, prompts for grpo, whose rows hold every column a reward reads: `reward_columns`, column -> reward),
+    and those rows parsed; the format."""
     found = read_source(source, path, limit=rows)
     if kind == "prompts":
-        return prompts.read_prompts(source, found, set())[0]
+        fmt = prompts.read_prompts(source, found, set())[0]  # an SFT or preference file is named as such first
+        prompts.check_columns(found, reward_columns or {})
+        return fmt
     if kind != "chats":
         return preference.read_examples(source, found, kind, set())[0]
     fmt = source_format(source, found)

@@ -148,8 +148,8 @@ def prepare_rows(sources: list[tuple[DataSource, SourceRows]], tokenizer, templa
     splits: dict[str, list[dict]] = {"train": [], "eval": []}
     per_source = {}
     for source, found in sources:
-        check_columns(found, needed)
         fmt, prompts, dropped = read_prompts(source, found, seen)
+        check_columns(found, needed)
         unfilled: Counter = Counter()
         texts = [render(tokenizer, template.stock,
                         apply_policies(fill_placeholders(chat, source.replace, unfilled), data, template)["messages"],

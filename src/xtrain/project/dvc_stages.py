@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from xtrain_backend_side.rewards import reward_files
+
 from ..recipe import Recipe, load_recipe
 
 HEADER = "# Generated from recipes/ by `make dvc.yaml` (python -m xtrain.project.dvc_stages); do not edit by hand.\n"
@@ -36,9 +38,10 @@ def recipe_stage(name: str, recipe: Recipe) -> dict[str, Any]:
         "cmd": " ".join(["snakemake --cores all", f"reports/{name}/gate.json", *exports]),
         # A hub model is pinned by its revision in the recipe file (and its commit in the checkpoint manifest); a
         # recipe built on another (model.recipe) depends on that one's checkpoint, so DVC orders the stages as
-        # Snakemake does.
+        # Snakemake does. The reward files a GRPO recipe runs (rewards/) are its code too.
         "deps": [*(s.path for s in recipe.data.sources), *([recipe.model.path] if recipe.model.path else []),
-                 *([f"checkpoints/{recipe.model.recipe}"] if recipe.model.recipe else []), *WORKFLOW_DEPS],
+                 *([f"checkpoints/{recipe.model.recipe}"] if recipe.model.recipe else []),
+                 *reward_files(reward.model_dump() for reward in recipe.train.rewards), *WORKFLOW_DEPS],
         # The recipe file as DVC params (every key): `dvc params diff` shows a hyperparameter change, and
         # `dvc exp run -S recipes/<name>.yaml:train.learning_rate=1e-3` sweeps one.
         "params": [{f"recipes/{name}.yaml": None}],
