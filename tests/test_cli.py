@@ -59,9 +59,12 @@ def test_plan_builds_and_shows_the_plan_and_status_says_what_is_stale_and_why(pr
     assert "demo prepare: params changed" in after
 
 
-def test_run_dry_run_lists_the_jobs_and_an_unknown_recipe_is_named(project):
+def test_run_dry_run_lists_the_jobs_and_an_unknown_recipe_is_named(project, tmp_path):
     dry = xtrain(project, "run", "demo", "--dry-run")
     assert "rule train:" in dry.stdout and "rule gate:" in dry.stdout
+    (tmp_path / "mine.yaml").write_text((project / "recipes/demo.yaml").read_text())
+    outside = xtrain(project / "data", "run", str(tmp_path / "mine.yaml"), "--dry-run")  # from a subfolder
+    assert "wildcards: recipe=mine" in outside.stdout and "wildcards: recipe=demo" not in outside.stdout
     unknown = xtrain(project, "run", "nope", check=False)
     assert unknown.returncode == 1 and "no recipe nope in recipes/; known recipes: demo" in unknown.stderr
 
