@@ -45,12 +45,13 @@ SMOLLM2 = {  # name: (method, seq_len, packing, global batch)
 ROWS, STEPS_27M = 512, 24
 MODEL_27M = {  # name: (method, seq_len, global batch)
     "lora-256": ("lora", 256, 8), "lora-512": ("lora", 512, 8), "full-256": ("full", 256, 8), "full-512": ("full", 512, 8),
+    "qlora-256": ("qlora", 256, 8), "qlora-512": ("qlora", 512, 8),
 }
 TRAIN = """
 import sys
 from pathlib import Path
 from xtrain.recipe import Train, Hardware
-from xtrain.train import run_training
+from xtrain.train.run import run_training
 model, prepared, plan, train, out = sys.argv[1:6]
 run_training(model_dir=Path(model), prepared_dir=Path(prepared), plan_path=Path(plan),
              train=Train.model_validate_json(train), hardware=Hardware(), out=Path(out) / "checkpoint",

@@ -259,6 +259,10 @@ GPU_SHAPES = {
                              "bf16", "fsdp", True),
     "v100-8-lora-kto": (Hardware(accelerator="cuda", gpus=8, gpu_model="v100"), tiny_dpo("axolotl", objective="kto"),
                         "fp16", "ddp", True),
+    # QLoRA (nf4, double quantization) with the LoRA variants and NEFTune (issue 36).
+    "h100-1-qlora-variants": (Hardware(accelerator="cuda", gpus=1), tiny_train(
+        method="qlora", lora=Lora(use_dora=True, use_rslora=True, modules_to_save=["lm_head"]),
+        neftune_noise_alpha=5.0), "bf16", "single", False),
 }
 
 
@@ -280,7 +284,8 @@ def test_axolotls_loader_accepts_every_gpu_shape_with_that_gpus_capabilities(tin
     for (name, (hardware, *_)), cfg in zip(GPU_SHAPES.items(), loaded):
         config = configs[name]
         for key in ("bf16", "fp16", "fsdp_version", "gradient_checkpointing", "micro_batch_size",
-                    "gradient_accumulation_steps", "rl"):
+                    "gradient_accumulation_steps", "rl", "adapter", "load_in_4bit", "bnb_config_kwargs",
+                    "peft_use_dora", "peft_use_rslora", "lora_modules_to_save", "neftune_noise_alpha"):
             assert cfg.get(key) == config.get(key), f"{name}: {key}"
         if "fsdp_config" in config:
             assert {key: cfg["fsdp_config"].get(key) for key in config["fsdp_config"]} == config["fsdp_config"], name

@@ -111,3 +111,17 @@ def test_the_plan_counts_a_4bit_base(tiny_model, prepared):
     assert saved == pytest.approx(quantized * (4 - four_bit_bytes(True)) + trainable * 2, abs=8)
     assert qlora.memory.breakdown_bytes["optimizer"] == lora.memory.breakdown_bytes["optimizer"] // 2
     assert four_bit_bytes(False) - four_bit_bytes(True) == pytest.approx((4 - 1 - 4 / 256) / 64)
+
+
+@pytest.mark.slow
+def test_a_qlora_export_merges_into_the_unquantized_base(runs, tiny_model):
+    from xtrain.export.merge import merged_model
+    from xtrain.models.inference_files import quantized_lines
+
+    model = merged_model(tiny_model, runs["qlora"]["checkpoint"], "bfloat16")
+    assert model.dtype == torch.bfloat16 and not hasattr(model, "peft_config")
+    projections = [type(module).__name__ for name, module in model.named_modules() if name.endswith("q_proj")]
+    assert projections and set(projections) == {"Linear"}, "plain 16-bit layers, no 4-bit ones"
+    card = "\n".join(quantized_lines(Train(method="qlora").model_dump(mode="json"), "bfloat16"))
+    assert "Trained quantized (QLoRA)" in card and "nf4, double-quantized" in card and "unquantized in bfloat16" in card
+    assert quantized_lines(Train().model_dump(mode="json"), "bfloat16") == []

@@ -18,7 +18,7 @@ from conftest import REPO, build_run, sample_plan
 from xtrain.artifacts import read_json
 from xtrain.errors import XtrainError
 from xtrain.plan import read_plan
-from xtrain.recipe import Hardware, Lora, Preference, Train
+from xtrain.recipe import Hardware, Lora, Preference, Quantization, Train
 from xtrain.stage import run_command
 from xtrain.train.backends import registry as backends
 from xtrain.train.backends import torchtune as torchtune_backend
@@ -435,7 +435,9 @@ SHAPES = {"cpu": Hardware(), "1 cuda": Hardware(accelerator="cuda", gpus=1),
           "8 rocm": Hardware(accelerator="rocm", gpus=8),
           "2 nodes x 8 cuda": Hardware(accelerator="cuda", gpus=8, nodes=2)}
 KINDS = [{}, {"method": "full", "lora": None}, {"objective": "dpo", "preference": Preference()},
-         {"objective": "dpo", "preference": Preference(), "method": "full", "lora": None}]
+         {"objective": "dpo", "preference": Preference(), "method": "full", "lora": None},
+         # QLoRA (its NF4 base) with DoRA: quantize_base and use_dora on the LoRA builder (issue 36).
+         {"method": "qlora", "quantization": Quantization(), "lora": Lora(use_dora=True)}]
 # `tune validate` on each file, in one interpreter: each start of torchtune's CLI costs seconds.
 VALIDATE = ("import sys\nfrom torchtune._cli.tune import main\nfor path in sys.argv[1:]:\n"
             "    sys.argv = ['tune', 'validate', path]\n    main()\n")

@@ -88,6 +88,18 @@ def usage_lines(plain: bool, folder: str | None, gguf_files: list[str], ollama: 
     return lines
 
 
+def quantized_lines(train: dict[str, Any], merged_dtype: str | None) -> list[str]:
+    """What the card says of a QLoRA run: the base was trained quantized, the adapter is for the unquantized base."""
+    if train["method"] != "qlora":
+        return []
+    settings = train["quantization"]
+    merged = (f" It is merged here into the base loaded unquantized in {merged_dtype}, never into 4-bit weights."
+              if merged_dtype else "")
+    return [f"Trained quantized (QLoRA): the adapter learned on the base's linear layers stored in {settings['bits']} "
+            f"bits ({settings['quant_type']}{', double-quantized' if settings['double_quant'] else ''}, bitsandbytes) "
+            f"and applies to the unquantized base.{merged}", ""]
+
+
 def model_card(*, recipe: str, base_model: str, backend: str, train: dict[str, Any], hardware: dict[str, Any],
                data: dict[str, Any], metrics: dict[str, Any], license_: str | None,
                evaluation: dict[str, Any] | None = None, merged_dtype: str | None = None,
@@ -132,7 +144,7 @@ def model_card(*, recipe: str, base_model: str, backend: str, train: dict[str, A
         "## Training", "",
         f"{metrics['steps']} optimizer steps, {metrics['tokens_seen']} tokens, final loss "
         f"{figure(metrics['final_loss']) or 'n/a'} (time and speed: `train_metrics.json`; the card holds only what "
-        "a rebuild reproduces).", "",
+        "a rebuild reproduces).", "", *quantized_lines(train, merged_dtype),
         "```yaml", yaml.safe_dump({"train": train, "hardware": hardware}, sort_keys=False).strip(), "```", "",
         *stage_lines(lineage),
         "## Evaluation", "", *evaluation_lines, "",
