@@ -158,6 +158,18 @@ def test_bad_recipe_fails_before_any_job_naming_file_and_field(project):
     assert "Select jobs to execute" not in output
 
 
+def test_a_target_naming_other_recipes_runs_beside_a_bad_one_named_in_one_warning_line(project):
+    bad = project / "recipes/broken.yaml"
+    bad.write_text(SECOND.replace("max_steps: 4", "max_step: 4"))
+    try:
+        result = snakemake(project, "-n", "reports/second/gate.json")
+    finally:
+        bad.unlink()
+    named = [line for line in (result.stdout + result.stderr).splitlines() if "broken" in line]
+    assert named == ["recipes/broken.yaml: invalid recipe: train.max_step: unknown field; did you mean `max_steps`? "
+                     "(set aside: a target that needs `broken` stops on this, others run)"]
+
+
 def test_unknown_recipe_target_is_named(project):
     result = snakemake(project, "-n", "checkpoints/nosuch", check=False)
     assert result.returncode != 0
@@ -182,6 +194,12 @@ def test_real_rerun_after_learning_rate_edit_touches_only_train_and_reporting(pr
     recipe.write_text(recipe.read_text().replace("learning_rate: 5.0e-3", "learning_rate: 2.0e-3"))
     result = snakemake(project, "--cores", "2")
     assert scheduled_jobs(result.stdout + result.stderr) == jobs("demo", "train", *REPORTING)
+    summary = result.stderr[result.stderr.index("xtrain: what this run built"):].splitlines()
+    assert summary[1] == "demo"
+    rows = dict(line.strip().split("  ", 1) for line in summary[2:] if line.startswith("  "))
+    assert {label: text.strip() for label, text in rows.items() if label in ("built", "report")} == {
+        "built": "train, evaluate, report, gate", "report": "reports/demo/report.html"}
+    assert "held out, base -> tuned" in rows["loss"] and rows["gate"].strip().startswith("passes: loss_improvement")
     assert {path: path.stat().st_mtime_ns for path in untouched} == before
     new_metrics = json.loads((project / "reports/demo/eval.json").read_text())
     assert new_metrics["base_loss"] == pytest.approx(old_metrics["base_loss"], rel=1e-6)
