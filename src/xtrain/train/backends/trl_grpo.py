@@ -50,6 +50,9 @@ def grpo_arguments(train, sft: dict) -> dict:
         "use_vllm": False,
         # Rows are sampled by TRL's own sampler, each prompt repeated for its generations.
         "shuffle_dataset": True,
+        # GRPOTrainer counts the prompt and completion tokens of each generation itself (state.num_input_tokens_seen,
+        # which tokens_per_second reads); the Trainer's own count would look for input_ids its batches do not have.
+        "include_num_input_tokens_seen": "no",
     }
 
 
