@@ -351,3 +351,15 @@ def test_what_a_gguf_export_needs_is_checked_at_preflight(tiny_model, tmp_path, 
         preflight(path, tmp_path)
     message = str(info.value)
     assert str(path) in message and field in message and what in message, message
+
+
+def test_evaluating_grpo_prompts_is_refused_naming_what_to_build(tmp_path):
+    from xtrain.evaluate import evaluate
+    from xtrain.recipe import Eval
+
+    (tmp_path / "prepared").mkdir()
+    (tmp_path / "prepared/manifest.json").write_text('{"data_kind": "prompts"}')
+    with pytest.raises(XtrainError, match=r"holds GRPO prompts, which evaluation does not score yet .*"
+                                          r"snakemake checkpoints/<recipe>"):
+        evaluate(tmp_path / "model", tmp_path / "checkpoint", tmp_path / "prepared", Eval(), tmp_path / "eval.json")
+    assert not (tmp_path / "eval.json").exists()

@@ -26,6 +26,7 @@ from xtrain_backend_side.progress import Progress
 
 from ..artifacts import read_json, write_json
 from ..chain import ChainModel
+from ..errors import XtrainError
 from ..models.loading import DTYPES, is_adapter, load_model
 from ..plan.schema import JobPlan
 from ..recipe import Eval
@@ -58,8 +59,11 @@ def evaluate(
     dtype, device = (DTYPES[job.precision], job.device_map) if job else ("float32", "cpu")
     batch_size = job.batch_size if job else settings.batch_size
     log.info("evaluating %s", job.reason if job else "on the CPU in float32")
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir, trust_remote_code=trust_remote_code)
     kind = read_json(prepared_dir / "manifest.json").get("data_kind", "chats")
+    if kind == "prompts":  # no reference answers to score a loss on: greedy answers scored by the rewards, to come
+        raise XtrainError(f"{prepared_dir} holds GRPO prompts, which evaluation does not score yet (docs/grpo.md): "
+                          f"build the recipe's checkpoint (snakemake checkpoints/<recipe>) rather than its report")
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir, trust_remote_code=trust_remote_code)
     pairs = load_preference_split(prepared_dir, kind) if kind != "chats" else None
     input_ids, masks, row_hashes = pairs.scored if pairs else load_eval_split(prepared_dir)
     prompts = []
