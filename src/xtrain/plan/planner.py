@@ -23,9 +23,10 @@ from ..recipe import DATA_KINDS, Hardware, Train
 from ..train import allocator
 from ..train.backends.capabilities import CAPABILITIES
 from . import compile as compilation
+from . import generation
 from .memory import BYTES, Step, analytical, traced
 from .model import count_parameters
-from .schema import Compile, Plan
+from .schema import Compile, Generation, Plan
 from .speed import cpu_count, cpu_supports_bf16, dequantize_seconds, device_rates, flops_per_token
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ GPU_HOST_CPUS = 8  # cores per GPU for the launcher and data loading, when hardw
 # A preference step also runs the reference model forward (no backward) on the same sequences: about a third of a
 # forward + backward.
 REFERENCE_FORWARD = 1 / 3
-REFERENCED = ("dpo", "kto")  # objectives with a reference model (ORPO has none)
+REFERENCED = ("dpo", "kto")  # objectives with a reference model (ORPO has none; GRPO's when train.rl.kl_weight > 0)
 MIN_MICRO = 2  # KTO's smallest micro-batch: its KL term pairs each answer with another row's prompt (TRL refuses 1)
 
 
@@ -69,10 +70,22 @@ class Planner:
     sequences: int = 1  # sequences per training row (2 for a DPO pair, and for KTO's answer and its KL pairing)
     reference: str | None = None  # Plan.reference: None for SFT and ORPO
     packed: bool = False  # the prepared rows are packed: each micro-batch trains as one padding-free sequence
+    per_device: int = 0  # sequences per device per optimizer step (global batch / devices)
+    prompt_tokens: int = 0  # GRPO: the longest prompt, which completions are sampled after
     memory_allocator: str = field(default_factory=lambda: allocator.for_train_job())  # what the train job runs under
 
     def breakdown(self, step: Step, strategy: str) -> dict[str, int]:
-        """Peak bytes on one device, by kind, with FSDP's sharding applied."""
+        """Peak bytes on one device, by kind, with FSDP's sharding applied; for GRPO, those of the larger of the
+        training step and the generation phase (`kv_cache` is then a key of both)."""
+        training = self.training_breakdown(step, strategy)
+        if self.train.objective != "grpo":
+            return training
+        sampling = self.sampling(step)
+        generating = generation.generation_breakdown(training, self.params, self.train, step, sampling,
+                                                     self.kv_cache_bytes(step))
+        return max({**training, "kv_cache": 0}, generating, key=lambda phase: sum(phase.values()))
+
+    def training_breakdown(self, step: Step, strategy: str) -> dict[str, int]:
         per_device = self.estimate(step)
         if strategy != "fsdp":
             return per_device
@@ -83,6 +96,31 @@ class Planner:
             "gradients": per_device["gradients"] // n + (block * 4 if self.train.method == "full" else 0),
             "optimizer": per_device["optimizer"] // n,
         }
+
+    def sampling(self, step: Step) -> generation.Sampling:
+        """GRPO: one device's generation batch under this step's micro-batch."""
+        return generation.sampling(self.train.rl, step.micro_batch, self.per_device // step.micro_batch,
+                                   self.prompt_tokens)
+
+    def kv_cache_bytes(self, step: Step) -> int:
+        return generation.kv_cache_bytes(self.model_dir, self.trust_remote_code, self.sampling(step),
+                                         step.weights_dtype)
+
+    def generation_seconds(self, step: Step) -> float:
+        """GRPO: seconds of one generation batch on one device."""
+        trace = generation.forward_trace(self.model_dir, self.train, step.weights_dtype, self.trust_remote_code)
+        rates = device_rates(self.hardware, step.precision, self.params["hidden_size"])
+        return generation.generation_seconds(trace, self.params, self.sampling(step), rates)
+
+    def extra_seconds_per_step(self, step: Step, micro_seconds: float) -> float:
+        """What GRPO adds to an optimizer step besides its training micro-steps (0 for the other objectives): its
+        generations, and the policy's log-prob forward over each sequence when generation and optimizer steps are
+        misaligned (the reference's is in `seconds_per_micro_step`)."""
+        if self.train.objective != "grpo":
+            return 0.0
+        sampling = self.sampling(step)
+        realigned = sampling.realigned * generation.SCORING_FORWARD * micro_seconds * (self.per_device // step.micro_batch)
+        return sampling.per_optimizer_step * self.generation_seconds(step) + realigned
 
     def estimate(self, step: Step) -> dict[str, int]:
         breakdown = None
@@ -141,17 +179,21 @@ def make_plan(
                           f"training rows: no step could hold it; set it to at most {data['rows']} (a multiple of the "
                           "devices), and the learning rate to suit")
     sequences = data.get("sequences_per_row", 1) + (train.objective == "kto")  # KTO adds a KL pairing per answer
+    per_device = check_micro_batch(train, hardware)
     planner = Planner(model_dir, train, hardware, params, trust_remote_code=trust_remote_code, sequences=sequences,
-                      reference=first_reference(train), packed=bool(manifest.get("packing")))
+                      reference=first_reference(train), packed=bool(manifest.get("packing")), per_device=per_device)
     # Batches are padded to their longest row, so the longest row sets the peak.
     longest = min(data.get("max_len") or manifest["seq_len"], manifest["seq_len"])
     mean_len = data["tokens"] / (data["rows"] * data.get("sequences_per_row", 1))
-    per_device = check_micro_batch(train, hardware)
+    if train.objective == "grpo":  # a GRPO row trains as its prompt and a completion sampled at worst to the end
+        planner.prompt_tokens = longest
+        completion = train.rl.max_completion_length
+        longest, mean_len = min(longest + completion, manifest["seq_len"]), mean_len + completion
     steps = train.max_steps or math.ceil(math.ceil(data["rows"] / train.global_batch_size) * train.epochs)
 
     candidates_precisions = precisions(hardware, train.backend)
     candidates = fitting_steps(planner, candidates_precisions, per_device, longest, mean_len)
-    if not candidates and planner.reference == "copy":
+    if not candidates and planner.reference == "copy" and train.objective in REFERENCED:  # GRPO has no precompute
         log.info("plan: a frozen reference copy does not fit beside the full fine-tune; the reference log-probs are "
                  "computed once over the train rows before training instead (reference: precomputed)")
         planner.reference = "precomputed"
@@ -191,6 +233,7 @@ def make_plan(
         "gradient_checkpointing": step.checkpointing,
         "compile": compiling,
         "reference": planner.reference,
+        "generation": generation_figures(planner, step, layout["strategy"]) if train.objective == "grpo" else None,
         "memory": {
             "estimator": planner.estimator,
             **({"trace_error": planner.fallback_reason} if planner.fallback_reason else {}),
@@ -242,12 +285,33 @@ def total_seconds(candidate: tuple[float, dict, dict, Compile], steps: int) -> f
 
 
 def first_reference(train: Train) -> str | None:
-    """Where a DPO or KTO run's reference log-probs come from, before memory decides: LoRA's base with the adapter
-    disabled, or (full fine-tune) a frozen copy, which `make_plan` trades for precomputed log-probs when it does
-    not fit."""
-    if train.objective not in REFERENCED:
+    """Where a DPO, KTO or GRPO (train.rl.kl_weight > 0) run's reference log-probs come from, before memory decides:
+    LoRA's base with the adapter disabled, or (full fine-tune) a frozen copy, which `make_plan` trades for
+    precomputed log-probs when it does not fit (DPO and KTO only: GRPO's sequences are sampled as it trains)."""
+    grpo_reference = train.objective == "grpo" and train.rl.kl_weight != 0
+    if train.objective not in REFERENCED and not grpo_reference:
         return None
     return "adapter" if train.adapters else "copy"
+
+
+def generation_figures(planner: Planner, step: Step, strategy: str) -> Generation:
+    """plan.json's `generation`: the GRPO generation phase of the chosen layout."""
+    sampling = planner.sampling(step)
+    training = planner.training_breakdown(step, strategy)
+    generating = generation.generation_breakdown(training, planner.params, planner.train, step, sampling,
+                                                 planner.kv_cache_bytes(step))
+    trace = generation.forward_trace(planner.model_dir, planner.train, step.weights_dtype, planner.trust_remote_code)
+    seconds = planner.generation_seconds(step)
+    return Generation(
+        completions_per_device=sampling.completions, prompts_per_device=sampling.completions // planner.train.rl.generations,
+        prompt_tokens=sampling.prompt_tokens, completion_tokens=sampling.completion_tokens,
+        generations_per_step=sampling.per_optimizer_step, policy_logps_recomputed=sampling.realigned,
+        kv_cache_bytes=generating["kv_cache"], peak_bytes_per_device=sum(generating.values()),
+        training_peak_bytes_per_device=sum(training.values()), breakdown_bytes=generating,
+        decode_flops_per_token=round(trace.flops_per_token), ops_per_forward=trace.ops,
+        ops_per_new_token=trace.ops + generation.GENERATE_LOOP_OPS, seconds=round(seconds, 4),
+        tokens_per_second=round(sampling.completions * sampling.completion_tokens / seconds, 1),
+        seconds_per_step=round(seconds * sampling.per_optimizer_step, 4))
 
 
 def fitting_steps(planner: Planner, candidate_precisions: list[str], per_device: int, longest: int,
@@ -258,7 +322,8 @@ def fitting_steps(planner: Planner, candidate_precisions: list[str], per_device:
         layout = choose_layout(planner, precision, per_device, longest)
         if layout:
             micro_seconds, speed = planner.seconds_per_micro_step(layout["step"], layout["step"].rows * mean_len)
-            candidates.append((micro_seconds * layout["accumulation"], layout, speed))
+            extra = planner.extra_seconds_per_step(layout["step"], micro_seconds)
+            candidates.append((micro_seconds * layout["accumulation"] + extra, layout, speed))
     return candidates
 
 

@@ -113,7 +113,7 @@ class Time(Section):
     cpu_probe: CpuProbe | None = Field(None, description="CPU plans only: the probe figures the rates rest on")
     seconds_per_step: float = Field(
         description="accumulation × (micro tokens × flops_per_token / device_flops + ops × op_seconds); compiled: "
-        "× the bucket padding / `compile.speedup`"
+        "× the bucket padding / `compile.speedup`; GRPO: + `generation.seconds_per_step`"
     )
     reference_precompute_seconds: float | None = Field(
         None, description="`reference: precomputed` only: one reference forward over every train row before step 1 "
@@ -138,6 +138,41 @@ class Compile(Section):
     )
     pad_to_multiple_of: int | None = Field(None, description="compiled runs pad each batch up to a multiple of 16 tokens")
     reason: str = Field(description="the decision in words: the time it saves against the compile, or what rules it out")
+
+
+class Generation(Section):
+    """train.objective grpo: the generation phase of each optimizer step, as TRL's GRPOTrainer runs it (generate with
+    the KV cache, no grad, outside autocast), beside the training step on prompt + completion rows."""
+
+    completions_per_device: int = Field(description="completions one device samples at once: micro-batch × "
+                                        "`train.rl.steps_per_generation` (default: the accumulation steps)")
+    prompts_per_device: int = Field(description="their prompts: completions / `train.rl.generations`")
+    prompt_tokens: int = Field(description="the longest prompt: the batch is left-padded to it")
+    completion_tokens: int = Field(description="`train.rl.max_completion_length`: every completion counted to the "
+                                   "end (the worst case; a completion that ends early costs less)")
+    generations_per_step: float = Field(description="generation batches per optimizer step: accumulation / "
+                                        "steps_per_generation")
+    policy_logps_recomputed: bool = Field(description="accumulation is not a multiple of steps_per_generation, so TRL "
+                                          "scores each sequence with the policy once more (a no-grad forward)")
+    kv_cache_bytes: int = Field(description="the KV cache at full length: completions × (prompt + completion tokens) "
+                                "× layers × 2 × key-value heads × head dim, in the weights' dtype")
+    peak_bytes_per_device: int = Field(description="the generation phase's peak: resident weights (the reference copy "
+                               "included) and AdamW states, gradients when it falls inside an optimizer step, the KV "
+                               "cache, and the larger of the prompts' forward and the sampling's last-position logits")
+    training_peak_bytes_per_device: int = Field(description="the training step's traced peak on prompt + completion "
+                                                "rows; `memory.peak_bytes_per_device` is the larger of the two")
+    breakdown_bytes: dict[str, int] = Field(description="the generation phase's peak by kind: `weights`, `gradients`, "
+                                            "`optimizer`, `activations` (prefill or sampling transients), `kv_cache`")
+    decode_flops_per_token: int = Field(description="matmul FLOPs of one new token's forward (traced on fake "
+                                        "tensors), before attention over the context (4 × layers × width per token)")
+    ops_per_forward: int = Field(description="aten ops of one decode forward (traced)")
+    ops_per_new_token: int = Field(description="the forward's ops plus generate's own (sampling, stopping, cache "
+                                   "bookkeeping: 40, counted on real tensors)")
+    seconds: float = Field(description="one generation batch: the prompts' forward, then per new token completions × "
+                           "FLOPs / `time.device_flops` + ops × `time.op_seconds`")
+    tokens_per_second: float = Field(description="completion tokens generated per second on one device")
+    seconds_per_step: float = Field(description="generation seconds per optimizer step, included in "
+                                    "`time.seconds_per_step`")
 
 
 class Resources(Section):
@@ -174,8 +209,10 @@ class Plan(Section):
         None, description="DPO and KTO: where the reference model's log-probabilities come from. `adapter`: LoRA's "
         "base with the adapter disabled, in each step; `copy`: a frozen copy of the weights (full fine-tune), in each "
         "step; `precomputed`: once over the train rows before training, with no copy held, chosen when the copy "
-        "does not fit"
+        "does not fit; GRPO with `train.rl.kl_weight` above 0: `adapter` or `copy` (TRL has no precompute for "
+        "sampled sequences)"
     )
+    generation: Generation | None = Field(None, description="train.objective grpo: the generation phase")
     memory: Memory
     time: Time
     resources: Resources

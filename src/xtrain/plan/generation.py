@@ -1,0 +1,152 @@
+"""GRPO's generation phase (train.objective grpo): what sampling the completions holds and costs, beside the training
+step on (prompt + completion) sequences.
+
+What TRL 1.16's GRPOTrainer does (trl/trainer/grpo_trainer.py), and so what is counted here:
+- once every `steps_per_generation` micro-steps (default: the gradient accumulation steps, so once per optimizer
+  step) each device samples `micro-batch × steps_per_generation` completions with transformers' `generate` (KV cache
+  on, under no_grad and outside autocast: the cache is in the weights' dtype), prompts left-padded to the longest;
+- the KV cache of those sequences at their full length (prompt + `max_completion_length`): layers × 2 (keys and
+  values) × key-value heads × head dim per token; beside it the last position's logits, their fp32 copy and the
+  sampling probabilities, and the prompt's forward (prefill);
+- the weights and AdamW states stay resident while it generates; gradients too when a generation falls inside an
+  optimizer step (accumulation larger than steps_per_generation);
+- with `beta` (train.rl.kl_weight) not 0 a reference model: for LoRA none is held (TRL disables the adapter), for a
+  full fine-tune a frozen copy of the model loaded beside it in the policy's dtype (`Planner.estimate` adds it);
+  either way one no-grad forward over each generated sequence (a third of a training micro-step), as a preference
+  step's reference forward is counted;
+- the policy's own log-probabilities in one more no-grad forward when the accumulation is not a multiple of
+  steps_per_generation (generation and optimizer steps misaligned).
+The training step itself is the traced step on rows of the longest prompt + max_completion_length tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..recipe import Rl, Train
+from .memory import BYTES, Step, torch_dtype
+from .model import meta_model
+
+# `generate`'s own ops per new token besides the model's forward (logits processors, sampling, stopping criteria,
+# the cache position and attention-mask updates): counted on real tensors by bench/bench_grpo_plan.py on the tiny
+# model (transformers 5.24).
+GENERATE_LOOP_OPS = 40
+# Bytes per position of the last token's logits while sampling: the logits in the weights' dtype, their fp32 copy,
+# the processed scores and the probabilities (fp32 each).
+SAMPLING_COPIES_FP32 = 3
+# A reference or policy log-prob forward over a sequence: a third of a training micro-step (forward + backward).
+SCORING_FORWARD = 1 / 3
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """One device's generation batch, as the layout sets it."""
+
+    completions: int  # sequences generated at once on one device: micro-batch × steps_per_generation
+    prompt_tokens: int  # the longest prompt (the batch is left-padded to it)
+    completion_tokens: int  # train.rl.max_completion_length: sampled at worst to the end
+    per_optimizer_step: float  # generations per optimizer step: accumulation / steps_per_generation
+    realigned: bool  # accumulation is not a multiple of steps_per_generation: the policy's log-probs are recomputed
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def sampling(rl: Rl, micro_batch: int, accumulation: int, prompt_tokens: int) -> Sampling:
+    steps_per_generation = rl.steps_per_generation or accumulation
+    return Sampling(micro_batch * steps_per_generation, prompt_tokens, rl.max_completion_length,
+                    accumulation / steps_per_generation, accumulation % steps_per_generation != 0)
+
+
+@functools.lru_cache(maxsize=32)
+def attention_shape(model_dir: str, trust_remote_code: bool) -> tuple[int, int, int]:
+    """(layers, key-value heads, head dim) from the model's config.json."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code).get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim
+
+
+def kv_cache_bytes(model_dir: Path, trust_remote_code: bool, batch: Sampling, weights_dtype: str) -> int:
+    layers, kv_heads, head_dim = attention_shape(str(model_dir), trust_remote_code)
+    return batch.completions * batch.tokens * layers * 2 * kv_heads * head_dim * BYTES[weights_dtype]
+
+
+def generation_breakdown(training: dict[str, int], params: dict, train: Train, step: Step, batch: Sampling,
+                         kv_cache: int) -> dict[str, int]:
+    """Bytes on one device while it generates, by the training breakdown's keys plus `kv_cache`: the resident weights
+    and AdamW states of `training` (the traced step's), gradients when a generation falls inside an optimizer step,
+    and as `activations` the larger of the prefill's transients and the sampling's last-position logits."""
+    width = BYTES[step.weights_dtype]
+    prefill = batch.completions * batch.prompt_tokens * (4 * params["hidden_size"] + 3 * params["intermediate_size"]) * width
+    logits = batch.completions * params["vocab_size"] * (width + 4 * SAMPLING_COPIES_FP32)
+    gradient_bytes = 2 if train.method == "qlora" else 4
+    mid_step = batch.per_optimizer_step > 1 or batch.realigned
+    return {"weights": training["weights"], "gradients": params["trainable"] * gradient_bytes if mid_step else 0,
+            "optimizer": training["optimizer"], "activations": max(prefill, logits), "workspace": 0,
+            "kv_cache": kv_cache}
+
+
+@dataclass(frozen=True)
+class ForwardTrace:
+    flops_per_token: float  # matmul FLOPs of one token's forward (attention over the context excluded)
+    ops: int  # aten ops of one forward
+
+
+def forward_trace(model_dir: Path, train: Train, weights_dtype: str, trust_remote_code: bool) -> ForwardTrace:
+    lora = train.lora.model_dump_json() if train.adapters else None
+    return _forward_trace(str(model_dir), "lora" if train.adapters else train.method, lora, weights_dtype,
+                          trust_remote_code)
+
+
+@functools.lru_cache(maxsize=32)
+def _forward_trace(model_dir: str, method: str, lora: str | None, weights_dtype: str,
+                   trust_remote_code: bool) -> ForwardTrace:
+    """One decode step's forward, a token per sequence with the KV cache on, run on fake tensors: its FLOPs and the
+    aten ops it dispatches (the same modules run whatever the context length)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
+
+    class Counter(TorchDispatchMode):
+        ops = flops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.ops += 1
+            if func._overloadpacket in flop_registry:
+                self.flops += flop_registry[func._overloadpacket](*args, **(kwargs or {}), out_val=out)
+            return out
+
+    train = Train(method=method, lora=json.loads(lora) if lora else None)
+    model = meta_model(Path(model_dir), train, torch_dtype(weights_dtype), trust_remote_code)
+    rows = 2
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        model = model.to_empty(device="cpu").eval()
+        ids = torch.zeros((rows, 1), dtype=torch.long)
+        counter = Counter()
+        with counter:
+            model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    return ForwardTrace(counter.flops / rows, counter.ops)
+
+
+def generation_seconds(trace: ForwardTrace, params: dict, batch: Sampling, rates: dict) -> float:
+    """Seconds of one generation batch on one device: the prompts' forward (prefill), then one forward per new token
+    with `generate`'s own ops, each attending over the context so far."""
+    # Scores and values, 2 FLOPs each per context token and query width (taken as the model width), per layer.
+    attention = 4 * params["layers"] * params["hidden_size"]
+    prefill_tokens = batch.completions * batch.prompt_tokens
+    prefill = (prefill_tokens * (trace.flops_per_token + attention * batch.prompt_tokens / 2) / rates["matmul_flops"]
+               + trace.ops * rates["op_seconds"])
+    mean_context = batch.prompt_tokens + batch.completion_tokens / 2
+    per_new_token = (batch.completions * (trace.flops_per_token + attention * mean_context) / rates["matmul_flops"]
+                     + (trace.ops + GENERATE_LOOP_OPS) * rates["op_seconds"])
+    return prefill + batch.completion_tokens * per_new_token
