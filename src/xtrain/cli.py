@@ -334,6 +334,10 @@ def plan(args: argparse.Namespace) -> int:
         ("memory", f"{size(memory.peak_bytes_per_device)} peak per device of {size(memory.budget_bytes_per_device)} "
                    f"({memory.device}, {memory.estimator}): "
                    + ", ".join(f"{k} {size(v)}" for k, v in memory.breakdown_bytes.items())),
+        *([("generation", f"{result.generation.completions_per_device} completions per device, up to "
+                          f"{result.generation.completion_tokens} tokens, KV cache {size(result.generation.kv_cache_bytes)}, "
+                          f"peak {size(result.generation.peak_bytes_per_device)}, "
+                          f"{result.generation.seconds_per_step:.3g} s per step")] if result.generation else []),
         ("time", f"{time.steps:,} steps x {time.seconds_per_step:.3g} s = {time.seconds / 60:.1f} min"),
         ("asks for", f"{resources.gpus} GPU(s), {resources.cpus} CPU(s), {resources.mem_mb:,} MB, {resources.runtime} min, "
                      f"{resources.nodes} node(s)"),

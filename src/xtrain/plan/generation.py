@@ -22,18 +22,19 @@ The training step itself is the traced step on rows of the longest prompt + max_
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..recipe import Rl, Train
 from .memory import BYTES, Step, torch_dtype
-from .model import meta_model
+from .model import meta_model, transformers_model
 
 # `generate`'s own ops per new token besides the model's forward (logits processors, sampling, stopping criteria,
 # the cache position and attention-mask updates): counted on real tensors by bench/bench_grpo_plan.py on the tiny
 # model (transformers 5.24).
-GENERATE_LOOP_OPS = 40
+GENERATE_LOOP_OPS = 44
 # Bytes per position of the last token's logits while sampling: the logits in the weights' dtype, their fp32 copy,
 # the processed scores and the probabilities (fp32 each).
 SAMPLING_COPIES_FP32 = 3
@@ -109,7 +110,7 @@ def forward_trace(model_dir: Path, train: Train, weights_dtype: str, trust_remot
 @functools.lru_cache(maxsize=32)
 def _forward_trace(model_dir: str, method: str, lora: str | None, weights_dtype: str,
                    trust_remote_code: bool) -> ForwardTrace:
-    """One decode step's forward, a token per sequence with the KV cache on, run on fake tensors: its FLOPs and the
+    """One decode step's forward on fake tensors, a new token per sequence after a cached prompt: its FLOPs and the
     aten ops it dispatches (the same modules run whatever the context length)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -121,7 +122,8 @@ def _forward_trace(model_dir: str, method: str, lora: str | None, weights_dtype:
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            self.ops += 1
+            # Fake tensors answer device queries (prim.device) that real ones never dispatch.
+            self.ops += func.namespace != "prim"
             if func._overloadpacket in flop_registry:
                 self.flops += flop_registry[func._overloadpacket](*args, **(kwargs or {}), out_val=out)
             return out
@@ -131,10 +133,13 @@ def _forward_trace(model_dir: str, method: str, lora: str | None, weights_dtype:
     rows = 2
     with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
         model = model.to_empty(device="cpu").eval()
-        ids = torch.zeros((rows, 1), dtype=torch.long)
+        prompt = model(input_ids=torch.zeros((rows, 4), dtype=torch.long), use_cache=True, logits_to_keep=1)
+        # transformers 5 names the cache `cache` (`past_key_values` is deprecated); remote code may use the old name.
+        name = "cache" if "cache" in inspect.signature(transformers_model(model).forward).parameters else "past_key_values"
         counter = Counter()
         with counter:
-            model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            model(input_ids=torch.zeros((rows, 1), dtype=torch.long), **{name: prompt[name]}, use_cache=True,
+                  logits_to_keep=1)
     return ForwardTrace(counter.flops / rows, counter.ops)
 
 

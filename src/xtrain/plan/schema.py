@@ -167,7 +167,7 @@ class Generation(Section):
                                         "tensors), before attention over the context (4 × layers × width per token)")
     ops_per_forward: int = Field(description="aten ops of one decode forward (traced)")
     ops_per_new_token: int = Field(description="the forward's ops plus generate's own (sampling, stopping, cache "
-                                   "bookkeeping: 40, counted on real tensors)")
+                                   "bookkeeping: 44, counted on real tensors by bench/bench_grpo_plan.py)")
     seconds: float = Field(description="one generation batch: the prompts' forward, then per new token completions × "
                            "FLOPs / `time.device_flops` + ops × `time.op_seconds`")
     tokens_per_second: float = Field(description="completion tokens generated per second on one device")

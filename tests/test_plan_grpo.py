@@ -1,0 +1,96 @@
+"""The plan of a GRPO recipe: its generation phase (KV cache, sampling, reference model as TRL holds it, time), and
+the device's peak as the larger of that phase and the training step on prompt + completion rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from xtrain.plan import make_plan
+from xtrain.plan.generation import GENERATE_LOOP_OPS
+from xtrain.recipe import Hardware, Train
+
+# The tiny model: 2 layers, 2 key-value heads of 24 dimensions, weights in fp32 on the CPU.
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 24 * 4
+PROMPT, SEQ_LEN = 30, 128
+MANIFEST = {"data_kind": "prompts", "seq_len": SEQ_LEN, "packing": False, "fingerprint": "f",
+            "splits": {"train": {"rows": 200, "sequences_per_row": 1, "tokens": 200 * 20, "supervised_tokens": 0,
+                                 "max_len": PROMPT}}}
+REWARDS = [{"type": "format", "pattern": "^A"}]
+
+
+def grpo(**changes) -> Train:
+    rl = {"generations": 4, "max_completion_length": 8, **changes.pop("rl", {})}
+    return Train.model_validate({"objective": "grpo", "method": "lora", "global_batch_size": 16, "max_steps": 10,
+                                 "rewards": REWARDS, "rl": rl, **changes})
+
+
+def plan_of(tiny_model, train: Train, **hardware):
+    return make_plan(tiny_model, MANIFEST, train, Hardware(**hardware))
+
+
+def test_the_generation_phase_holds_the_kv_cache_of_every_completion_at_full_length(tiny_model):
+    plan = plan_of(tiny_model, grpo(micro_batch_size=4))
+    phase = plan.generation
+    # steps_per_generation defaults to the accumulation: one generation per optimizer step, of the whole device batch
+    assert (phase.completions_per_device, phase.prompts_per_device, phase.generations_per_step) == (16, 4, 1.0)
+    assert (phase.prompt_tokens, phase.completion_tokens) == (PROMPT, 8)
+    assert phase.kv_cache_bytes == 16 * (PROMPT + 8) * KV_BYTES_PER_TOKEN == phase.breakdown_bytes["kv_cache"]
+    assert phase.peak_bytes_per_device == sum(phase.breakdown_bytes.values())
+    # no gradients while generating at a step's start; the weights and AdamW states stay resident
+    training = plan.memory.breakdown_bytes
+    assert phase.breakdown_bytes["gradients"] == 0
+    assert (phase.breakdown_bytes["weights"], phase.breakdown_bytes["optimizer"]) == (training["weights"],
+                                                                                      training["optimizer"])
+    # the training step runs on prompt + completion rows
+    assert plan.data.longest_sequence_tokens == PROMPT + 8
+    assert plan.memory.peak_bytes_per_device == max(phase.peak_bytes_per_device, phase.training_peak_bytes_per_device)
+    assert plan.memory.peak_bytes_per_device == sum(plan.memory.breakdown_bytes.values())
+    assert phase.ops_per_new_token == phase.ops_per_forward + GENERATE_LOOP_OPS
+
+
+def test_longer_completions_cost_cache_and_time(tiny_model):
+    short, long = (plan_of(tiny_model, grpo(rl={"max_completion_length": n})) for n in (8, 64))
+    assert long.generation.kv_cache_bytes == short.generation.kv_cache_bytes * (PROMPT + 64) // (PROMPT + 8)
+    assert long.generation.seconds > 6 * short.generation.seconds  # one decode forward per new token
+    assert long.time.seconds_per_step - long.generation.seconds_per_step > (
+        short.time.seconds_per_step - short.generation.seconds_per_step)  # and a longer training row
+
+
+def test_steps_per_generation_sizes_the_generation_batch(tiny_model):
+    accumulated = plan_of(tiny_model, grpo(micro_batch_size=4, rl={"steps_per_generation": 2}))
+    phase = accumulated.generation
+    assert accumulated.layout.gradient_accumulation_steps == 4
+    assert (phase.completions_per_device, phase.generations_per_step) == (8, 2.0)
+    assert phase.seconds_per_step == pytest.approx(2 * phase.seconds, rel=1e-3)
+    # the second generation falls inside the optimizer step: the first micro-steps' gradients are held
+    assert phase.breakdown_bytes["gradients"] == accumulated.model.trainable * 4
+    assert not phase.policy_logps_recomputed
+    misaligned = plan_of(tiny_model, grpo(micro_batch_size=4, rl={"steps_per_generation": 3}))
+    assert misaligned.generation.policy_logps_recomputed  # 4 micro-steps are not a multiple of 3
+
+
+def test_the_reference_is_the_disabled_adapter_for_lora_and_a_copy_for_a_full_fine_tune(tiny_model):
+    lora, lora_kl = (plan_of(tiny_model, grpo(rl={"kl_weight": kl})) for kl in (0.0, 0.05))
+    assert (lora.reference, lora_kl.reference) == (None, "adapter")
+    assert lora_kl.memory.breakdown_bytes["weights"] == lora.memory.breakdown_bytes["weights"]  # no copy held
+    assert lora_kl.time.seconds_per_step > lora.time.seconds_per_step  # its forward over every sequence
+    full, full_kl = (plan_of(tiny_model, grpo(method="full", lora=None, rl={"kl_weight": kl})) for kl in (0.0, 0.05))
+    assert full_kl.reference == "copy"
+    copy = full_kl.model.total * 4
+    assert full_kl.generation.breakdown_bytes["weights"] == full.generation.breakdown_bytes["weights"] + copy
+
+
+def test_a_large_generation_batch_sets_the_peak(tiny_model):
+    # One completion trains at a time, while all 16 are sampled at once after their long prompts.
+    plan = plan_of(tiny_model, grpo(micro_batch_size=1, rl={"steps_per_generation": 16}))
+    phase = plan.generation
+    assert phase.completions_per_device == 16 and phase.peak_bytes_per_device > phase.training_peak_bytes_per_device
+    assert plan.memory.breakdown_bytes == phase.breakdown_bytes
+    assert plan.memory.peak_bytes_per_device == phase.peak_bytes_per_device
+
+
+def test_an_sft_plan_has_no_generation_phase(tiny_model):
+    manifest = {**MANIFEST, "data_kind": "chats",
+                "splits": {"train": {**MANIFEST["splits"]["train"], "supervised_tokens": 1000}}}
+    plan = make_plan(tiny_model, manifest, Train(global_batch_size=16, max_steps=10), Hardware())
+    assert plan.generation is None and "kv_cache" not in plan.memory.breakdown_bytes
