@@ -1,5 +1,6 @@
-"""Rule evaluate: base vs tuned held-out loss, perplexity and greedy answers -> eval.json, generations.json, and
-each held-out preference pair's scores -> pairs.json (empty for SFT recipes)."""
+"""Rule evaluate: base vs tuned held-out loss, perplexity and greedy answers (for GRPO: the held-out prompts' greedy
+answers scored by the rewards) -> eval.json, generations.json, and each held-out preference pair's scores ->
+pairs.json (empty for SFT and GRPO recipes)."""
 import sys
 from pathlib import Path
 
@@ -25,6 +26,8 @@ run_stage(
         job=read_plan(snakemake.input.job_plan, JobPlan),
         # A recipe built on another (model.recipe): every model of its chain, root first (xtrain.chain).
         chain=[ChainModel(**model) for model in snakemake.params.recipe.get("chain", {}).get("models", [])],
+        # A GRPO recipe: its prompts are answered and scored by train.rewards (user files from the project's root).
+        rewards=snakemake.params.recipe.get("train", {}).get("rewards"),
     ),
     recipe_file(snakemake),
     threads=snakemake.threads,

@@ -353,13 +353,35 @@ def test_what_a_gguf_export_needs_is_checked_at_preflight(tiny_model, tmp_path, 
     assert str(path) in message and field in message and what in message, message
 
 
-def test_evaluating_grpo_prompts_is_refused_naming_what_to_build(tmp_path):
+def test_a_reward_raising_on_a_held_out_answer_stops_evaluation_naming_the_reward_and_row(tiny_model, tmp_path):
+    """Evaluation scores GRPO's held-out answers with the training rewards, under the same guard: a reward that
+    raises on a row it never met in training stops the job naming the reward and the row, and writes no eval.json."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
     from xtrain.evaluate import evaluate
     from xtrain.recipe import Eval
+    from xtrain_backend_side.rewards import RewardError
 
-    (tmp_path / "prepared").mkdir()
-    (tmp_path / "prepared/manifest.json").write_text('{"data_kind": "prompts"}')
-    with pytest.raises(XtrainError, match=r"holds GRPO prompts, which evaluation does not score yet .*"
-                                          r"snakemake checkpoints/<recipe>"):
-        evaluate(tmp_path / "model", tmp_path / "checkpoint", tmp_path / "prepared", Eval(), tmp_path / "eval.json")
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards/mine.py").write_text(
+        "def score(completions, answer, **kwargs):\n    return [float(int(a)) for a in answer]\n")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    prompts = ["<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
+               "<|im_start|>user\nSpell four.<|im_end|>\n<|im_start|>assistant\n"]
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    pq.write_table(pa.Table.from_pylist([
+        {"prompt": text, "prompt_ids": tokenizer(text, add_special_tokens=False).input_ids, "row_hash": row_hash,
+         "answer": answer} for text, row_hash, answer in zip(prompts, ("aa11", "bb22"), ("4", "four"))]),
+        prepared / "eval.parquet")
+    (prepared / "manifest.json").write_text(json.dumps(
+        {"data_kind": "prompts", "end_of_turn": {"token": "<|im_end|>", "id": tokenizer.convert_tokens_to_ids(
+            "<|im_end|>")}}))
+    rewards = [{"type": "python", "file": "rewards/mine.py", "function": "score", "weight": 1.0}]
+    with pytest.raises(RewardError, match=r"reward rewards/mine.py:score raised ValueError: .*'four'.* "
+                                          r"\(on row bb22, completion 1 of the batch, prompt ending .*Spell four"):
+        evaluate(tiny_model, tiny_model, prepared, Eval(max_new_tokens=2), tmp_path / "eval.json", rewards=rewards,
+                 project=tmp_path)
     assert not (tmp_path / "eval.json").exists()

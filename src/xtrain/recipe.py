@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from xtrain_backend_side.rewards import REWARDS_FOLDER, needed_columns
+from xtrain_backend_side.rewards import REWARDS_FOLDER, needed_columns, reward_keys
 
 from .errors import RecipeError
 from .models.gpus import DEFAULT_GPU, GPUS
@@ -690,7 +690,18 @@ PREFERENCE_METRICS = {
     "rejected one (dpo), or has the sign of the label (kto)",
     "reward_margin": "dpo: mean implicit reward of chosen minus rejected, in nats (times beta: DPO's reward margin)",
 }
-EVAL_METRICS = {**LOSS_METRICS, **GENERATION_METRICS, **PREFERENCE_METRICS}
+# GRPO recipes (train.objective grpo): every held-out prompt answered greedily, scored by train.rewards
+# (xtrain.evaluate.rewarded); they add eval_rows, generations and the stop rates, and no loss.
+REWARD_METRICS = {
+    "base_reward_mean": "grpo: the base model's mean reward (train.rewards summed by weight), held-out prompts",
+    "tuned_reward_mean": "grpo: the tuned model's mean reward (train.rewards summed by weight), held-out prompts",
+    "reward_improvement": "grpo: tuned_reward_mean - base_reward_mean (positive: tuning helped)",
+}
+# Per reward of train.rewards, named as in train_metrics.json (answer, format, rewards/x.py:score; format#2 for a
+# second format): its mean, and its accuracy, the share of held-out prompts on which it passed (a built-in at its best
+# score: 1 for answer, format and tool_call, 0 for length; a python reward above 0).
+REWARD_TERM_METRIC = re.compile(r"^(base|tuned)_reward_(.+)_(mean|accuracy)$")
+EVAL_METRICS = {**LOSS_METRICS, **GENERATION_METRICS, **PREFERENCE_METRICS, **REWARD_METRICS}
 
 
 class Gate(Section):
@@ -749,17 +760,21 @@ class Eval(Section):
     @field_validator("gate")
     @classmethod
     def _gates_on_known_metrics(cls, gate: dict[str, Gate], info: ValidationInfo) -> dict[str, Gate]:
-        known = EVAL_METRICS if info.data.get("generations") else {**LOSS_METRICS, **PREFERENCE_METRICS}
+        known = EVAL_METRICS if info.data.get("generations") else {**LOSS_METRICS, **PREFERENCE_METRICS,
+                                                                    **REWARD_METRICS}
         harness = info.data.get("lm_eval")
         tasks = harness.tasks if harness else []
-        # Harness metric names depend on the task; a gate must at least name a task the recipe runs.
+        # Harness metric names depend on the task; a gate must at least name a task the recipe runs. A reward's
+        # metrics depend on train.rewards, checked with it (Recipe._gates_on_what_evaluation_measures).
         unknown = sorted(metric for metric in set(gate) - set(known)
                          if not ((match := LM_EVAL_METRIC.match(metric)) and
-                                 any(match[2].startswith(f"{task}_") for task in tasks)))
+                                 any(match[2].startswith(f"{task}_") for task in tasks))
+                         and not REWARD_TERM_METRIC.match(metric))
         if unknown:
             hint = " (generation metrics need eval.generations > 0)" if set(unknown) <= set(EVAL_METRICS) else ""
             raise ValueError(f"gate on unknown metric {unknown}{hint}; known metrics: {', '.join(known)}"
-                             + "".join(f", base_lm_{task}_<metric>, tuned_lm_{task}_<metric>" for task in tasks))
+                             + "".join(f", base_lm_{task}_<metric>, tuned_lm_{task}_<metric>" for task in tasks)
+                             + ", and for grpo <base|tuned>_reward_<reward>_<mean|accuracy>")
         return gate
 
 
@@ -839,6 +854,28 @@ class Recipe(Section):
         return self
 
     @model_validator(mode="after")
+    def _gates_on_what_evaluation_measures(self) -> Recipe:
+        """A GRPO recipe's evaluation measures rewards, no loss; any other recipe's measures no reward."""
+        grpo = self.train.objective == "grpo"
+        keys = reward_keys([reward.name for reward in self.train.rewards])
+        rewarded = {f"{model}_reward_{key}_{figure}" for model in ("base", "tuned") for key in keys
+                    for figure in ("mean", "accuracy")} | set(REWARD_METRICS)
+        lossless = set(LOSS_METRICS) - {"eval_rows"} | set(PREFERENCE_METRICS) | {
+            f"{model}_{name}" for model in ("base", "tuned") for name in ("exact_match", "token_f1")}
+        for metric in self.eval.gate:
+            if grpo and metric in lossless:
+                raise ValueError(f"eval.gate: {metric} is not measured for objective grpo, which scores the held-out "
+                                 f"prompts' answers by train.rewards: gate on {', '.join(sorted(rewarded))}")
+            if REWARD_TERM_METRIC.match(metric) or metric in REWARD_METRICS:
+                if not grpo:
+                    raise ValueError(f"eval.gate: {metric} is measured for objective grpo only, not "
+                                     f"{self.train.objective}: remove it")
+                if metric not in rewarded:
+                    raise ValueError(f"eval.gate: {metric} names no reward of train.rewards: gate on "
+                                     f"{', '.join(sorted(rewarded))}")
+        return self
+
+    @model_validator(mode="after")
     def _preference_data_is_neither_packed_nor_cut(self) -> Recipe:
         if self.train.objective == "sft":
             return self
@@ -874,6 +911,7 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
                                  "reward_columns": needed_columns(dump["train"]["rewards"])}
     up_to_evaluation = {k: v for k, v in dump.items() if k != "export"}  # the export section is export's alone
     evaluation = {k: v for k, v in dump["eval"].items() if k != "gate"}
+    rewards = {"train": {"rewards": dump["train"]["rewards"]}} if recipe.train.objective == "grpo" else {}
     slices = {
         # A preference objective decides what the data is (pairs, labelled answers) and how it is prepared; SFT
         # recipes' slices stay as they were, so their prepared data is not rebuilt (nor DPO's for ORPO).
@@ -885,7 +923,8 @@ def stage_params(recipe: Recipe, stage: str) -> dict[str, Any]:
         },
         "train": {"train": dump["train"], "hardware": dump["hardware"], **trust},
         # The gate step reads the gates; evaluate does not, so a gate edit does not rerun evaluation.
-        "evaluate": {"eval": evaluation, **trust},
+        # GRPO's held-out prompts are scored by the rewards training used.
+        "evaluate": {"eval": evaluation, **rewards, **trust},
         # The jobs after training are placed on the recipe's hardware (plan/jobs.py).
         "plan_evaluate": {"eval": evaluation, "hardware": dump["hardware"], **trust},
         "plan_export": {"export": dump["export"], "hardware": dump["hardware"], **trust},

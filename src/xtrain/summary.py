@@ -3,8 +3,9 @@
 
 For each recipe with a job in the run: the report's path; the held-out figures of eval.json, base -> tuned (the loss,
 and what else it holds: how often the chosen answer wins for a preference objective, answer scores when
-generations ran); the gate's verdict on each bound of `eval.gate`; the export's folder and the smoke report; or the
-job that failed, its log, and the jobs it kept from running.
+generations ran; for GRPO the held-out prompts' mean reward and how often each reward passed); the gate's verdict on
+each bound of `eval.gate`; the export's folder and the smoke report; or the job that failed, its log, and the jobs it
+kept from running.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def scores(metrics: dict[str, float]) -> list[tuple[str, str]]:
         change = (metrics["tuned_loss"] - metrics["base_loss"]) / metrics["base_loss"]
         rows.append(("loss", f"{metrics['base_loss']:.4f} -> {metrics['tuned_loss']:.4f} held out, base -> tuned "
                              f"({change:+.1%})"))
+    if "tuned_reward_mean" in metrics:
+        rows.append(("reward", f"{metrics['base_reward_mean']:.4f} -> {metrics['tuned_reward_mean']:.4f} mean over "
+                               f"{metrics['eval_rows']} held-out prompts, base -> tuned"))
+        rows += [(f"{key.removeprefix('tuned_reward_').removesuffix('_accuracy')} passes",
+                  f"{metrics['base' + key.removeprefix('tuned')]:.1%} -> {metrics[key]:.1%} of held-out prompts")
+                 for key in metrics if key.startswith("tuned_reward_") and key.endswith("_accuracy")]
     rates = [("preference_accuracy", "chosen wins", "of held-out pairs the chosen answer is the likelier"),
              ("exact_match", "exact", "of answers equal the reference"),
              ("token_f1", "token F1", "mean word overlap with the reference")]

@@ -18,6 +18,7 @@ import json
 import math
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable
 from fractions import Fraction
 from pathlib import Path
@@ -292,6 +293,29 @@ def terms(rewards: Iterable[dict[str, Any]], project: Path) -> list[Term]:
         else:
             raise ValueError(f"unknown reward type {kind!r}")
     return made
+
+
+# The best score of each built-in reward: it passes on a completion that reaches it (evaluation's accuracy).
+BEST_SCORES = {"answer": 1.0, "format": 1.0, "tool_call": 1.0, "length": 0.0}
+
+
+def passed(kind: str, value: float) -> bool:
+    """Whether a reward of type `kind` passed with this score: a built-in at its best score (1 for answer, format
+    and tool_call; 0, no penalty, for length), the user's own function above 0 (its range is the user's to choose:
+    write a pass/fail reward as 1 or 0)."""
+    best = BEST_SCORES.get(kind)
+    return value > 0 if best is None else value >= best
+
+
+def reward_keys(names: list[str]) -> list[str]:
+    """eval.json's name of each reward: its own (`answer`, `format`, `rewards/x.py:score`), numbered from its second
+    use when the recipe lists one twice (`format#2`)."""
+    seen: Counter = Counter()
+    keys = []
+    for name in names:
+        seen[name] += 1
+        keys.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return keys
 
 
 def weights(rewards: Iterable[dict[str, Any]]) -> list[float]:

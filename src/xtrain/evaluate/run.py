@@ -6,8 +6,9 @@ preference data (train.objective dpo, orpo, kto) the loss is over the chosen (de
 `preferences` adds how each model ranks the answers. Both also answer a fixed set of eval prompts greedily
 (`generations`), scored against the reference answers. eval.json holds flat metric names -> numbers
 (`recipe.EVAL_METRICS`), for `dvc metrics`; the answers themselves go to generations.json. lm-evaluation-harness
-tasks listed in the recipe add their results (`harness`). The job runs where its plan puts it
-(plans/<recipe>/evaluate.json: device, precision, batch), with one copy of the weights loaded at a time.
+tasks listed in the recipe add their results (`harness`). GRPO's prompts have no reference answer to take a loss on:
+every held-out prompt is answered greedily and scored by the recipe's rewards (`rewarded`). The job runs where its
+plan puts it (plans/<recipe>/evaluate.json: device, precision, batch), with one copy of the weights loaded at a time.
 
 A recipe built on another (`model.recipe`) compares against its direct base, the upstream checkpoint (`base_*`),
 and scores every model above it in the chain on the same split too: the root model (`root_loss`) and each stage
@@ -34,6 +35,7 @@ from ..train import tracking
 from . import generations
 from .loss import load_eval_split, row_nll, supervised_nll
 from .preferences import load_preference_split
+from .rewarded import RewardScorer, load_prompts
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +51,53 @@ def evaluate(
     pairs_out: Path | None = None,
     job: JobPlan | None = None,
     chain: list[ChainModel] | None = None,
+    rewards: list[dict[str, Any]] | None = None,
+    project: Path | None = None,
 ) -> dict[str, Any]:
     """Write eval.json to `out`, the generations and the preference pairs' scores beside it (or to `generations_out`
     and `pairs_out`); returns the metrics. `job` (plans/<recipe>/evaluate.json) places the models and sets the batch;
     without one, float32 on the CPU at `eval.batch_size`. `chain` (xtrain.chain.chain_models) lists the models of
-    a recipe built on others, root first and this recipe's last; by default the model and the checkpoint."""
+    a recipe built on others, root first and this recipe's last; by default the model and the checkpoint. GRPO's
+    prompts are scored by `rewards` (train.rewards, dumped), user reward files read from `project` (default: the
+    working directory, the project's root as Snakemake runs the job)."""
     from transformers import AutoTokenizer
 
     dtype, device = (DTYPES[job.precision], job.device_map) if job else ("float32", "cpu")
     batch_size = job.batch_size if job else settings.batch_size
     log.info("evaluating %s", job.reason if job else "on the CPU in float32")
-    kind = read_json(prepared_dir / "manifest.json").get("data_kind", "chats")
-    if kind == "prompts":  # no reference answers to score a loss on: greedy answers scored by the rewards, to come
-        raise XtrainError(f"{prepared_dir} holds GRPO prompts, which evaluation does not score yet (docs/grpo.md): "
-                          f"build the recipe's checkpoint (snakemake checkpoints/<recipe>) rather than its report")
+    manifest = read_json(prepared_dir / "manifest.json")
+    kind = manifest.get("data_kind", "chats")
     tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir, trust_remote_code=trust_remote_code)
+    chain = chain or [ChainModel(None, str(model_dir), None), ChainModel(None, str(model_dir), str(checkpoint_dir))]
+    models = one_model_at_a_time(named(chain), dtype, device, trust_remote_code)
+    if kind == "prompts":
+        if not rewards:
+            raise XtrainError(f"{prepared_dir} holds GRPO prompts, which are scored by the recipe's train.rewards: "
+                              "pass them (the evaluate rule's params hold them for a grpo recipe)")
+        scorer = RewardScorer(rewards, project or Path.cwd(), load_prompts(prepared_dir))
+        metrics, records, pair_records = score_prompts(models, len(chain), scorer, tokenizer, manifest, settings,
+                                                       batch_size)
+    else:
+        metrics, records, pair_records = score_sequences(models, len(chain), prepared_dir, kind, tokenizer, settings,
+                                                         batch_size)
+    del models  # lm-eval loads the models itself
+    gc.collect()
+    if settings.lm_eval is not None:
+        from .harness import run_tasks
+
+        metrics.update(run_tasks(settings.lm_eval, model_dir, checkpoint_dir, job.lm_eval_batch_size if job else
+                                 settings.batch_size, dtype, device))
+    write_json(generations_out or out.with_name("generations.json"), records)
+    write_json(pairs_out or out.with_name("pairs.json"), pair_records)
+    write_json(out, metrics)
+    tracking.log_evaluation(checkpoint_dir, metrics)  # beside training's curves
+    return metrics
+
+
+def score_sequences(models, count: int, prepared_dir: Path, kind: str, tokenizer, settings: Eval, batch_size: int
+                    ) -> tuple[dict[str, Any], list[dict], list[dict]]:
+    """Chats and preference data: each model's held-out loss (`count` models), base's and tuned's greedy answers
+    against the references; the metrics, generations.json's records and pairs.json's."""
     pairs = load_preference_split(prepared_dir, kind) if kind != "chats" else None
     input_ids, masks, row_hashes = pairs.scored if pairs else load_eval_split(prepared_dir)
     prompts = []
@@ -74,45 +108,55 @@ def evaluate(
     metrics: dict[str, Any] = {"eval_rows": len(input_ids)}
     answers = {}
     scored = len(pairs.sequences[0]) if pairs else len(input_ids)
-    progress = Progress(log.info, "evaluate: rows scored and answers generated", 2 * (scored + len(prompts)))
-    chain = chain or [ChainModel(None, str(model_dir), None), ChainModel(None, str(model_dir), str(checkpoint_dir))]
+    progress = Progress(log.info, "evaluate: rows scored and answers generated", count * scored + 2 * len(prompts))
     scores = {}
-    for name, model in one_model_at_a_time(named(chain), dtype, device, trust_remote_code):
+    for name, model in models:
         if pairs:  # every answer scored once; the loss is over the chosen (desirable) ones among them
             scores[name] = row_nll(model, *pairs.sequences, batch_size, tokenizer.pad_token_id, progress.advance)
             chosen = [scores[name][i] for i in pairs.scored_sequences]
-            total, count = sum(nll for nll, _ in chosen), sum(n for _, n in chosen)
+            total, supervised = sum(nll for nll, _ in chosen), sum(n for _, n in chosen)
         else:
-            total, count = supervised_nll(model, input_ids, masks, batch_size, tokenizer.pad_token_id,
-                                          progress.advance)
-        loss = total / count
+            total, supervised = supervised_nll(model, input_ids, masks, batch_size, tokenizer.pad_token_id,
+                                               progress.advance)
+        loss = total / supervised
         metrics[f"{name}_loss"] = loss
         metrics[f"{name}_perplexity"] = math.exp(loss)
         if prompts and name in ("base", "tuned"):
             answers[name] = generations.generate(model, prompts, stop, tokenizer.pad_token_id, batch_size,
                                                  settings.max_new_tokens, progress.advance)
-    del model  # lm-eval loads the models itself
-    gc.collect()
-    metrics["eval_supervised_tokens"] = count  # the same split and masks for both models
+    metrics["eval_supervised_tokens"] = supervised  # the same split and masks for both models
     metrics["loss_improvement"] = metrics["base_loss"] - metrics["tuned_loss"]
     answer_scores = {name: scores[name] for name in ("base", "tuned") if name in scores}
     if pairs:
         metrics.update(pairs.metrics(answer_scores))
-    if settings.lm_eval is not None:
-        from .harness import run_tasks
-
-        metrics.update(run_tasks(settings.lm_eval, model_dir, checkpoint_dir, job.lm_eval_batch_size if job else
-                                 settings.batch_size, dtype, device))
     records = []
     if prompts:
-        scores, records = generations.score(tokenizer, prompts, answers)
-        metrics.update(scores)
+        answer_metrics, records = generations.score(tokenizer, prompts, answers)
+        metrics.update(answer_metrics)
         generations.warn_if_not_stopping(metrics)
-    write_json(generations_out or out.with_name("generations.json"), records)
-    write_json(pairs_out or out.with_name("pairs.json"), pairs.records(answer_scores, tokenizer) if pairs else [])
-    write_json(out, metrics)
-    tracking.log_evaluation(checkpoint_dir, metrics)  # beside training's curves
-    return metrics
+    return metrics, records, pairs.records(answer_scores, tokenizer) if pairs else []
+
+
+def score_prompts(models, count: int, scorer: RewardScorer, tokenizer, manifest: dict[str, Any], settings: Eval,
+                  batch_size: int) -> tuple[dict[str, Any], list[dict], list[dict]]:
+    """GRPO's prompts: every held-out prompt answered greedily by each model (`count` of them) and scored by the
+    recipe's rewards (evaluate.rewarded); the metrics, generations.json's records (the first eval.generations
+    prompts) and no pairs."""
+    prompts = scorer.prompts()
+    # Answers end where training's completions do: at the template's end of turn, or the end of sequence.
+    stop = {manifest["end_of_turn"]["id"]} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+    metrics: dict[str, Any] = {"eval_rows": len(prompts), "generations": len(prompts)}
+    progress = Progress(log.info, "evaluate: held-out prompts answered and scored", count * len(prompts))
+    answers, scores = {}, {}
+    for name, model in models:
+        answers[name] = generations.generate(model, prompts, stop, tokenizer.pad_token_id, batch_size,
+                                             settings.max_new_tokens, progress.advance)
+        scores[name] = scorer.score(tokenizer, answers[name])
+        metrics.update(scorer.metrics(name, scores[name]))
+        metrics[f"{name}_stop_rate"] = sum(answer["stopped"] for answer in answers[name]) / len(prompts)
+    metrics["reward_improvement"] = metrics["tuned_reward_mean"] - metrics["base_reward_mean"]
+    generations.warn_if_not_stopping(metrics)
+    return metrics, scorer.records(tokenizer, answers, scores, settings.generations), []
 
 
 def named(chain: list[ChainModel]) -> list[tuple[str, ChainModel]]:

@@ -25,7 +25,7 @@ import yaml
 from ..artifacts import read_json
 from ..evaluate import gate
 from ..plan.schema import Plan, read_plan
-from ..recipe import EVAL_METRICS, Gate, Model
+from ..recipe import EVAL_METRICS, REWARD_TERM_METRIC, Gate, Model
 
 BASE_COLOUR, TUNED_COLOUR = "#8c8c8c", "#1f77b4"
 STYLE = """
@@ -71,7 +71,9 @@ def _figure(columns: int = 1):
 
 
 def training_plot(train_metrics: dict[str, Any]) -> bytes:
-    """Training loss and learning rate against the optimizer step."""
+    """Training loss and learning rate against the optimizer step; for GRPO, its reward, KL and completion length."""
+    if train_metrics.get("rl"):
+        return rl_plot(train_metrics["rl"])
     fig, axes = _figure(2)
     curve = train_metrics["loss"]
     steps = [point["step"] for point in curve]
@@ -85,6 +87,27 @@ def training_plot(train_metrics: dict[str, Any]) -> bytes:
     axes[0][1].plot([s for s, _ in rates], [r for _, r in rates], color="#2ca02c", marker=".")
     axes[0][1].set(title="Learning rate", xlabel="step", ylabel="learning rate")
     axes[0][1].ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+    return _svg(fig)
+
+
+def rl_plot(steps: list[dict[str, Any]]) -> bytes:
+    """GRPO's logged steps (train_metrics.json's `rl`): the reward (the weighted sum's mean, and each reward's mean),
+    the KL to the reference model when it was measured, and the completions' mean length."""
+    fig, axes = _figure(3)
+    x = [step["step"] for step in steps]
+    reward = axes[0][0]
+    reward.plot(x, [step["reward"] for step in steps], color=TUNED_COLOUR, marker=".", label="reward (weighted sum)")
+    for key in [k for k in steps[0] if k.startswith("rewards/") and k.endswith("/mean")]:
+        reward.plot(x, [step.get(key) for step in steps], marker=".", linewidth=1, alpha=0.7,
+                    label=key.removeprefix("rewards/").removesuffix("/mean"))
+    reward.set(title="Reward (mean over each step's completions)", xlabel="step", ylabel="reward")
+    reward.legend(fontsize="small")
+    kl = [(step["step"], step["kl"]) for step in steps if step.get("kl") is not None]
+    axes[0][1].plot([s for s, _ in kl], [v for _, v in kl], color="#d62728", marker=".")
+    axes[0][1].set(title="KL to the reference model" if kl else "KL: not measured (train.rl.kl_weight 0)",
+                   xlabel="step", ylabel="KL")
+    axes[0][2].plot(x, [step.get("completions/mean_length") for step in steps], color="#2ca02c", marker=".")
+    axes[0][2].set(title="Completion length (mean tokens)", xlabel="step", ylabel="tokens")
     return _svg(fig)
 
 
@@ -135,18 +158,25 @@ minus the base's).</p>
 
 
 def metrics_plot(metrics: dict[str, float]) -> bytes:
-    """Base vs tuned: held-out loss, and the answer rates when generations ran."""
+    """Base vs tuned: held-out loss, and the answer rates when generations ran; for GRPO, the mean rewards and each
+    reward's accuracy."""
     rates = [name for name in ("exact_match", "token_f1", "stop_rate") if f"tuned_{name}" in metrics]
-    fig, axes = _figure(2 if rates else 1)
-    groups = [(axes[0][0], ["loss"], "held-out loss (lower is better)")]
-    if rates:
-        groups.append((axes[0][1], rates, "answers (higher is better)"))
-    for ax, names, title in groups:
+    if "tuned_reward_mean" in metrics:
+        figures = reward_figures(metrics)
+        groups = [(["reward_mean", *(f for f in figures if f.endswith("_mean"))], "mean reward (higher is better)"),
+                  ([*(f for f in figures if f.endswith("_accuracy")), "stop_rate"],
+                   "share of answers (higher is better)")]
+    else:
+        groups = [(["loss"], "held-out loss (lower is better)"), *([(rates, "answers (higher is better)")] if rates
+                                                                     else [])]
+    fig, axes = _figure(len(groups))
+    for ax, (names, title) in zip(axes[0], groups):
         positions = range(len(names))
         for offset, (model, colour) in ((-0.2, ("base", BASE_COLOUR)), (0.2, ("tuned", TUNED_COLOUR))):
             ax.bar([p + offset for p in positions], [metrics[f"{model}_{n}"] for n in names], width=0.4,
                    color=colour, label=model)
-        ax.set_xticks(list(positions), names)
+        crowded = len(names) > 3
+        ax.set_xticks(list(positions), names, rotation=20 if crowded else 0, ha="right" if crowded else "center")
         ax.set_title(title)
         ax.margins(y=0.3)  # headroom above the tallest bar, where the legend goes
         ax.legend(loc="upper right", ncols=2)
@@ -266,10 +296,16 @@ def run_links(name: str, checkpoint_dir: Path, train_metrics: dict[str, Any], ou
     return "<p>" + " · ".join(links) + "</p>"
 
 
+def reward_figures(metrics: dict[str, float]) -> list[str]:
+    """The per-reward figures of a GRPO evaluation (`reward_<name>_mean`, `reward_<name>_accuracy`), in order."""
+    return [key.removeprefix("tuned_") for key in metrics
+            if key.startswith("tuned_") and REWARD_TERM_METRIC.match(key)]
+
+
 def metrics_rows(metrics: dict[str, float]) -> list[list[Any]]:
     rows = []
-    for name in ("loss", "perplexity", "exact_match", "token_f1", "stop_rate", "preference_accuracy",
-                 "chosen_logp_per_token", "rejected_logp_per_token"):
+    for name in ("loss", "perplexity", "reward_mean", *reward_figures(metrics), "exact_match", "token_f1",
+                 "stop_rate", "preference_accuracy", "chosen_logp_per_token", "rejected_logp_per_token"):
         if metrics.get(f"tuned_{name}") is None or metrics.get(f"base_{name}") is None:
             continue
         base, tuned = metrics[f"base_{name}"], metrics[f"tuned_{name}"]
@@ -344,14 +380,56 @@ def generation_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     return [[shown(r["prompt"]), shown(r["reference"]), _answer(r["base"]), _answer(r["tuned"])] for r in records]
 
 
-def verdict_banners(metrics: dict[str, float], verdicts: list[dict[str, Any]]) -> str:
+def headline(metrics: dict[str, float]) -> tuple[str, str]:
+    """The first banner: the held-out loss base -> tuned, or for GRPO the held-out prompts' mean reward."""
+    if "tuned_reward_mean" in metrics:
+        improvement = metrics["reward_improvement"]
+        return ("good" if improvement > 0 else "bad",
+                f"Held-out mean reward {metrics['base_reward_mean']:.4g} → {metrics['tuned_reward_mean']:.4g} "
+                f"({'improved' if improvement > 0 else 'did not improve'} by {improvement:+.4g}, over "
+                f"{metrics['eval_rows']} held-out prompts answered greedily)")
     improvement = metrics["loss_improvement"]
-    banners = [(
-        "good" if improvement > 0 else "bad",
-        f"Held-out loss {metrics['base_loss']:.4g} → {metrics['tuned_loss']:.4g} "
-        f"({'improved' if improvement > 0 else 'did not improve'} by {improvement:+.4g}; perplexity "
-        f"{metrics['base_perplexity']:.4g} → {metrics['tuned_perplexity']:.4g})",
-    )]
+    return ("good" if improvement > 0 else "bad",
+            f"Held-out loss {metrics['base_loss']:.4g} → {metrics['tuned_loss']:.4g} "
+            f"({'improved' if improvement > 0 else 'did not improve'} by {improvement:+.4g}; perplexity "
+            f"{metrics['base_perplexity']:.4g} → {metrics['tuned_perplexity']:.4g})")
+
+
+def _scored(result: dict[str, Any]) -> str:
+    """A GRPO answer with its reward and each reward's score."""
+    scores = "".join(f"<br>{html.escape(key)}: {_number(value)}" for key, value in result["scores"].items())
+    return f"{_answer(result)}<br><small><b>reward {_number(result['reward'])}</b>{scores}</small>"
+
+
+def rl_step_rows(steps: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """train_metrics.json's `rl`, one row per logged step: the header and the rows."""
+    keys = ["reward", "reward_std", *(k for k in steps[0] if k.startswith("rewards/") and k.endswith("/mean")),
+            "kl", "completions/mean_length", "completions/clipped_ratio"]
+    keys = [key for key in keys if any(step.get(key) is not None for step in steps)]
+    return ["step", *keys], [[step["step"], *(step.get(key) for key in keys)] for step in steps]
+
+
+def rl_section(metrics: dict[str, Any], records: list[dict[str, Any]], train_metrics: dict[str, Any]) -> str:
+    """Report section of a GRPO recipe: each training step's reward, KL and completion length, and held-out prompts
+    with base's and tuned's greedy answers and their scores."""
+    header, rows = rl_step_rows(train_metrics["rl"])
+    answers = (_table(["prompt (as templated)", "the row's columns", "base", "tuned"], [
+        [shown(r["prompt"]), shown(json.dumps(r["columns"], ensure_ascii=False, indent=1)), _scored(r["base"]),
+         _scored(r["tuned"])] for r in records]) if records else "<p>No prompts shown (eval.generations is 0).</p>")
+    return f"""
+<h2>Reinforcement learning (GRPO)</h2>
+<p>Each of the {metrics["eval_rows"]} held-out prompts was answered greedily by base and tuned and scored by the
+recipe's rewards as training scored its samples; a reward's accuracy is the share of prompts on which it passed (a
+built-in at its best score: 1 for answer, format and tool_call, 0 for length; a python reward above 0).</p>
+<details><summary>each training step: reward, each reward's mean, KL, completion length
+({len(rows)} logged steps)</summary>{_table(header, rows)}</details>
+<h3>Held-out prompts (the first {len(records)} by content hash)</h3>
+{answers}
+"""
+
+
+def verdict_banners(metrics: dict[str, float], verdicts: list[dict[str, Any]]) -> str:
+    banners = [headline(metrics)]
     if "tuned_stop_rate" in metrics and metrics["tuned_stop_rate"] < 1:
         # Red when fine-tuning made stopping worse; amber when it did not, but answers still run on.
         worse = metrics["tuned_stop_rate"] < metrics["base_stop_rate"]
@@ -360,7 +438,8 @@ def verdict_banners(metrics: dict[str, float], verdicts: list[dict[str, Any]]) -
     for verdict in verdicts:
         banners.append(("good" if verdict["passed"] else "bad", "Gate: " + html.escape(gate.describe(verdict))))
     if not verdicts:
-        banners.append(("warn", "No regression gates: add eval.gate to the recipe, e.g. {loss_improvement: {min: 0}}"))
+        example = "reward_improvement" if "reward_improvement" in metrics else "loss_improvement"
+        banners.append(("warn", f"No regression gates: add eval.gate to the recipe, e.g. {{{example}: {{min: 0}}}}"))
     return "".join(f'<div class="banner {kind}">{text}</div>' for kind, text in banners)
 
 
@@ -387,9 +466,10 @@ def stage_rows(metrics: dict[str, Any], lineage: list[dict[str, Any]]) -> list[l
     rows = []
     for name, stage in zip(names, stages, strict=True):
         model = lineage[0]["base_model"] if stage is None else f"recipe {stage['recipe']} ({stage['method']})"
+        figures = ([metrics[f"{name}_reward_mean"]] if "tuned_reward_mean" in metrics
+                   else [metrics[f"{name}_loss"], metrics[f"{name}_perplexity"]])
         rows.append([html.escape(model), "—" if stage is None else f"<code>{stage['recipe_hash'][:12]}</code>",
-                     "—" if stage is None else f"<code>{stage['data_fingerprint'][:12]}</code>",
-                     metrics[f"{name}_loss"], metrics[f"{name}_perplexity"]])
+                     "—" if stage is None else f"<code>{stage['data_fingerprint'][:12]}</code>", *figures])
     return rows
 
 
@@ -400,8 +480,16 @@ def stage_section(metrics: dict[str, Any], manifest: dict[str, Any]) -> str:
         return ""
     return ("<h2>Stages</h2><p>Each model of the chain, from the root model down, on this recipe's held-out split; "
             "base is the direct base, the upstream recipe's checkpoint.</p>"
-            + _table(["model", "recipe hash", "data fingerprint", "held-out loss", "perplexity"],
+            + _table(["model", "recipe hash", "data fingerprint", *(["held-out mean reward"] if "tuned_reward_mean" in
+                                                                       metrics else ["held-out loss", "perplexity"])],
                      stage_rows(metrics, lineage)))
+
+
+def data_rows(manifest: dict[str, Any]) -> list[list[Any]]:
+    """Each split's examples (GRPO: prompts), tokens and supervised tokens, as prepare counted them."""
+    splits = manifest["splits"]
+    return [[name, splits[name].get("examples", splits[name]["rows"]), splits[name]["tokens"],
+             splits[name]["supervised_tokens"]] for name in ("train", "eval")]
 
 
 def page(title: str, body: str) -> str:
@@ -424,8 +512,13 @@ def write_report(name: str, recipe: dict[str, Any], plan_path: Path, checkpoint_
     plots = {"metrics": metrics_plot(metrics), "training": training_plot(train_metrics),
              "lengths": lengths_plot(manifest)}
     verdicts = gate.check(metrics, {m: Gate.model_validate(b) for m, b in recipe["eval"]["gate"].items()})
-    answers = (_table(["prompt (as templated)", "reference", "base", "tuned"], generation_rows(records)) if records
-               else "<p>No generations (eval.generations is 0).</p>")
+    grpo = "tuned_reward_mean" in metrics
+    if grpo:
+        samples = rl_section(metrics, records, train_metrics)
+    else:
+        answers = (_table(["prompt (as templated)", "reference", "base", "tuned"], generation_rows(records)) if records
+                   else "<p>No generations (eval.generations is 0).</p>")
+        samples = f"<h2>Sample answers (greedy, at most {recipe['eval']['max_new_tokens']} new tokens)</h2>\n{answers}"
     other = _table(["metric", "value", "meaning"], [[html.escape(k), v, html.escape(EVAL_METRICS[k])]
                                                      for k, v in metrics.items() if k in ("eval_rows", "eval_supervised_tokens", "generations",
                                                                                           "eval_pairs", "reward_accuracy", "reward_margin")])
@@ -440,10 +533,9 @@ def write_report(name: str, recipe: dict[str, Any], plan_path: Path, checkpoint_
 {other}
 {_img(plots["metrics"], "base vs tuned metrics")}
 {preference_section(metrics, pairs)}
-<h2>Sample answers (greedy, at most {recipe['eval']['max_new_tokens']} new tokens)</h2>
-{answers}
+{samples}
 <h2>Training</h2>
-{_img(plots["training"], "training loss and learning rate")}
+{_img(plots["training"], "reward, KL and completion length per step" if grpo else "training loss and learning rate")}
 <h2>Plan: predicted vs measured</h2>
 <p>Precision {html.escape(str(plan.precision))}, micro-batch {plan.layout.micro_batch_size} ×
 accumulation {plan.layout.gradient_accumulation_steps} × {plan.layout.devices} device(s),
@@ -452,7 +544,7 @@ gradient checkpointing {'on' if plan.gradient_checkpointing else 'off'}, memory 
 {_table(["", "predicted", "measured", "measured / predicted"], plan_rows(plan, train_metrics))}
 {machine_note(train_metrics)}
 <h2>Data</h2>
-{_table(["split", "examples", "tokens", "supervised tokens"], [[s, manifest["splits"][s]["examples"], manifest["splits"][s]["tokens"], manifest["splits"][s]["supervised_tokens"]] for s in ("train", "eval")])}
+{_table(["split", "prompts" if grpo else "examples", "tokens", "supervised tokens"], data_rows(manifest))}
 {_img(plots["lengths"], "token-length histogram")}
 <h2>Recipe</h2>
 {_table(["field", "value"], recipe_rows(recipe))}
@@ -481,6 +573,13 @@ def flat_fields(recipe: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def rank(row: dict[str, Any]) -> float:
+    """A recipe's place in its group, best first: the lowest tuned held-out loss; a GRPO recipe (whose held-out rows
+    are prompts, so its group holds GRPO recipes only) by the highest tuned mean reward."""
+    value = row["tuned_loss"] if "tuned_loss" in row else -row["tuned_reward_mean"]
+    return value if math.isfinite(value) else math.inf
+
+
 def compare_rows(metrics_paths: dict[str, Path], fingerprints: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
     """The recipes grouped by the eval set they were measured on (its fingerprint), each group best (lowest tuned
     held-out loss) first; the groups with the most recipes first."""
@@ -488,7 +587,7 @@ def compare_rows(metrics_paths: dict[str, Path], fingerprints: dict[str, str]) -
     for name, path in metrics_paths.items():
         groups.setdefault(fingerprints[name], []).append({"recipe": name, **read_json(path)})
     for rows in groups.values():
-        rows.sort(key=lambda row: row["tuned_loss"] if math.isfinite(row["tuned_loss"]) else math.inf)
+        rows.sort(key=rank)
     return dict(sorted(groups.items(), key=lambda group: (-len(group[1]), group[1][0]["recipe"])))
 
 
@@ -517,9 +616,12 @@ def write_compare(metrics_paths: dict[str, Path], out: Path, prepared_dirs: dict
         ])
         differ = (f"the fields that differ between them: {', '.join(f'<code>{html.escape(f)}</code>' for f in fields)}"
                   if fields else "their recipes are the same")
+        grpo = "tuned_reward_mean" in rows[0]
+        ranked = ("tuned mean reward over the held-out prompts (each recipe scored by its own train.rewards: compare "
+                  "only recipes with the same rewards)" if grpo else "tuned held-out loss")
         sections.append(f"<h2>Eval set <code>{fingerprint}</code>: {len(rows)} recipe(s), {rows[0].get('eval_rows', '—')} "
-                        f"held-out rows</h2><p>Ranked by tuned held-out loss; {differ}.</p>{table}"
-                        f"{_img(compare_plot(rows), f'loss by recipe, eval set {fingerprint}')}")
+                        f"held-out rows</h2><p>Ranked by {ranked}; {differ}.</p>{table}"
+                        + ("" if grpo else f"{_img(compare_plot(rows), f'loss by recipe, eval set {fingerprint}')}"))
     apart = ("<p>Recipes evaluated on different held-out rows (another data set, tokenizer, template or seq_len) are "
              "in separate tables: their losses do not compare.</p>" if len(groups) > 1 else "")
     body = (f"<h1>Recipes ranked by tuned held-out loss, per eval set</h1>{apart}{''.join(sections)}"
