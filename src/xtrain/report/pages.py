@@ -488,8 +488,8 @@ def stage_section(metrics: dict[str, Any], manifest: dict[str, Any]) -> str:
 def data_rows(manifest: dict[str, Any]) -> list[list[Any]]:
     """Each split's examples (GRPO: prompts), tokens and supervised tokens, as prepare counted them."""
     splits = manifest["splits"]
-    return [[name, splits[name].get("examples", splits[name]["rows"]), splits[name]["tokens"],
-             splits[name]["supervised_tokens"]] for name in ("train", "eval")]
+    return [[name, splits[name]["examples"] if "examples" in splits[name] else splits[name]["rows"],
+             splits[name]["tokens"], splits[name]["supervised_tokens"]] for name in ("train", "eval")]
 
 
 def page(title: str, body: str) -> str:
