@@ -13,9 +13,13 @@ from checkpoint_contract import assert_checkpoint_contract
 from conftest import REPO, build_run
 
 from xtrain.artifacts import read_json
+from xtrain.data import prepare
+from xtrain.plan import make_plan, write_plan
 from xtrain.project.envs import build, is_built
-from xtrain.recipe import Train
+from xtrain.recipe import Data, DataSource, Hardware, Train
 from xtrain.train.backends.registry import REGISTRY
+from xtrain.train.run import run_training
+from xtrain_backend_side.rewards import needed_columns
 
 # A few steps of LoRA on the demo data, one logged loss per step.
 TINY = {"method": "lora", "global_batch_size": 4, "max_steps": 4, "learning_rate": 5e-3, "logging_steps": 1}
@@ -57,6 +61,56 @@ def trl_cpu_dpo_reference(tiny_model, tmp_path_factory) -> dict:
     """The first logged step of trl_cpu on the tiny DPO recipe (loss, rewards, log-probs of the batch's answers)."""
     _, history = dpo_run("trl_cpu", tiny_model, tmp_path_factory.mktemp("trl_cpu_dpo_reference"))
     return next(entry for entry in history if "loss" in entry)
+
+
+# Two GRPO steps of LoRA: 2 prompts x 4 completions of at most 8 tokens, scored by a built-in reward and the
+# project's own, which reads each row's `answer`.
+PROMPTS = REPO / "data/demo/prompts.jsonl"
+TINY_GRPO = {**TINY, "objective": "grpo", "max_steps": 2, "global_batch_size": 8,
+             "rl": {"generations": 4, "max_completion_length": 8, "kl_weight": 0.05},
+             "rewards": [{"type": "format", "pattern": r"^\s*[A-Z]"},
+                         {"type": "python", "file": "rewards/words.py", "function": "short", "weight": 0.5}]}
+WORDS = """def short(completions, answer, **kwargs):
+    assert all(isinstance(text, str) and text for text in answer), answer
+    return [-len(completion.split()) / 10 for completion in completions]
+"""
+
+
+def tiny_grpo(backend: str, **changes) -> Train:
+    return Train(**{**TINY_GRPO, "backend": backend, **changes})
+
+
+def train_tiny_grpo_with_backend(backend: str, tiny_model, tmp_path, monkeypatch) -> dict:
+    """Two GRPO steps of the tiny recipe in the backend's own environment, from a project of its own (its rewards/
+    folder; .venvs/ linked to the work tree's): the checkpoint contract, and each step's reward in
+    train_metrics.json as the weighted sum of the two rewards' means, with the KL and completion lengths. Returns
+    train_metrics.json."""
+    ensure_backend_env(backend)
+    project = tmp_path / "project"
+    (project / "rewards").mkdir(parents=True)
+    (project / "rewards/words.py").write_text(WORDS)
+    (project / ".venvs").symlink_to(REPO / ".venvs")
+    monkeypatch.chdir(project)  # rewards/ and .venvs/ are found from the train job's working folder
+    train = tiny_grpo(backend)
+    data = Data(sources=[DataSource(path=str(PROMPTS))], seq_len=128, eval_fraction=0.1)
+    settings = {"max_completion_length": train.rl.max_completion_length,
+                "reward_columns": needed_columns(reward.model_dump() for reward in train.rewards)}
+    manifest = prepare([PROMPTS], tiny_model, data, tmp_path / "prepared", kind="prompts", prompt_settings=settings)
+    write_plan(tmp_path / "plan.json", make_plan(tiny_model, manifest, train, Hardware()))
+    checkpoint = tmp_path / "checkpoint"
+    run_training(model_dir=tiny_model, prepared_dir=tmp_path / "prepared", plan_path=tmp_path / "plan.json",
+                 train=train, hardware=Hardware(), out=checkpoint, work_dir=tmp_path / "runs")
+    metrics = assert_checkpoint_contract(checkpoint, tiny_model, backend)
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    steps = metrics["rl"]
+    assert metrics["steps"] == 2 and [step["step"] for step in steps] == [1, 2]
+    for step in steps:
+        format_mean, words_mean = step["rewards/format/mean"], step["rewards/rewards/words.py:short/mean"]
+        assert 0 <= format_mean <= 1 and -0.8 <= words_mean <= 0
+        assert step["reward"] == pytest.approx(format_mean + 0.5 * words_mean, abs=1e-5)  # summed by weight
+        assert 0 < step["completions/mean_length"] <= 8
+        assert step["kl"] >= 0  # logged with train.rl.kl_weight above 0
+    return metrics
 
 
 def ensure_backend_env(backend: str) -> None:

@@ -9,7 +9,9 @@ from backend_runs import (
     PAIRS,
     ensure_backend_env,
     tiny_dpo,
+    tiny_grpo,
     train_tiny_dpo_with_backend,
+    train_tiny_grpo_with_backend,
     train_tiny_recipe_with_backend,
 )
 from backend_runs import tiny_train as backend_train
@@ -19,9 +21,16 @@ from conftest import REPO, sample_plan
 from xtrain.data import prepare
 from xtrain.errors import XtrainError
 from xtrain.plan import Plan
-from xtrain.recipe import Data, DataSource, Hardware, Lora, Preference, Train
+from xtrain.recipe import Data, DataSource, Hardware, Lora, Preference, Reward, Rl, Train
 from xtrain.train.backends import registry as backends
-from xtrain.train.backends.axolotl import OFFLINE, Axolotl, axolotl_config, export_tokens, precision_keys
+from xtrain.train.backends.axolotl import (
+    OFFLINE,
+    Axolotl,
+    axolotl_config,
+    export_prompts,
+    export_tokens,
+    precision_keys,
+)
 from xtrain.train.backends.contract import TrainJob
 from xtrain.train.backends.preference_text import export_text
 from xtrain.train.backends.validation import device_probe, validated
@@ -169,6 +178,49 @@ def test_a_lora_dropout_with_a_preference_objective_is_refused_by_name():
     with pytest.raises(XtrainError, match=r"train.lora.dropout 0.05 with train.objective dpo.*train.lora.dropout: 0"):
         backends.check("axolotl", tiny_train(objective="dpo"), Hardware())
     backends.check("axolotl", tiny_dpo("axolotl"), Hardware())
+    # TRL's GRPOTrainer keeps dropout (its disable_dropout is off by default), as trl_cpu does.
+    backends.check("axolotl", tiny_grpo("axolotl", lora=Lora(dropout=0.05)), Hardware())
+
+
+def test_grpo_settings_land_in_axolotls_trl_section_and_the_rewards_by_dotted_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train = tiny_grpo("axolotl", rl=Rl(generations=8, max_completion_length=32, temperature=0.7, top_p=0.9,
+                                       kl_weight=0.04, clip_epsilon=0.3, loss_type="dr_grpo", steps_per_generation=3),
+                      rewards=[Reward(type="answer", weight=2.0), Reward(type="format", pattern="^A"),
+                               Reward(type="python", file="rewards/words.py", function="short", weight=0.5)])
+    launch = Axolotl().native(job(tmp_path, train, plan()))
+    config = launch["config"]
+    assert (config["rl"], config["remove_unused_columns"], config["group_by_length"]) == ("grpo", False, False)
+    assert config["trainer_cls"] == "xtrain_backend_side.axolotl_grpo.Trainer"
+    assert "ds_type" not in config["datasets"][0] and "rl_beta" not in config
+    module = "xtrain_backend_side.axolotl_grpo"
+    assert config["trl"] == {
+        "num_generations": 8, "max_completion_length": 32, "temperature": 0.7, "top_p": 0.9, "beta": 0.04,
+        "epsilon": 0.3, "loss_type": "dr_grpo", "scale_rewards": "group",
+        "reward_funcs": [f"{module}.reward_0", f"{module}.reward_1", f"{module}.reward_2"],
+        "reward_weights": [2.0, 1.0, 0.5], "use_vllm": False,
+        "generation_batch_size": 2 * 1 * 3,  # micro-batch x processes x steps per generation (TRL's relation)
+    }
+    # What axolotl_grpo builds the rewards from in Axolotl's process, and how that process finds it.
+    assert launch["rewards_job"] == {"project": str(tmp_path.resolve()), "rewards": [
+        {"type": "answer"}, {"type": "format", "pattern": "^A"},
+        {"type": "python", "file": "rewards/words.py", "function": "short"}]}
+    assert launch["env"]["XTRAIN_GRPO_REWARDS"] == str(launch["rewards_file"].resolve())
+    assert launch["env"]["PYTHONPATH"] == str(REPO / "src")
+    default = Axolotl().native(job(tmp_path, tiny_grpo("axolotl"), plan()))["config"]["trl"]
+    assert "generation_batch_size" not in default, "TRL's default: one generation per optimizer step"
+
+
+def test_grpo_prompts_are_exported_as_text_with_the_columns_the_rewards_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "prepared").mkdir()
+    pq.write_table(pa.table({"prompt": ["<s>Q: 2+2?\nA:"], "prompt_ids": [[1, 5, 6]], "answer": ["4"],
+                             "row_hash": ["ab12"]}), tmp_path / "prepared" / "train.parquet")
+    assert export_prompts(tmp_path / "prepared", tmp_path / "train.parquet") == 1
+    assert pq.read_table(tmp_path / "train.parquet").to_pylist() == [
+        {"prompt": "<s>Q: 2+2?\nA:", "answer": "4", "row_hash": "ab12"}]
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +278,8 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
         tiny_dpo("axolotl", preference=Preference(beta=0.2, loss_type="hinge")),
         tiny_dpo("axolotl", objective="kto", method="full", lora=None,
                  preference=Preference(desirable_weight=1.5, undesirable_weight=0.5)),
+        tiny_grpo("axolotl", rl=Rl(generations=4, max_completion_length=16, temperature=0.8, top_p=0.95,
+                                   kl_weight=0.02, clip_epsilon=0.25, loss_type="bnpo", steps_per_generation=2)),
         # Every tracker: Axolotl's own keys for each (xtrain.train.tracking.axolotl_settings).
         tiny_train(report_to=["tensorboard", "mlflow", "wandb"], mlflow_tracking_uri="file:mlruns"),
     ]
@@ -247,6 +301,9 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
         assert cfg["optimizer"] == "adamw_torch"
         assert (cfg.get("adapter") == "lora") == (train.method == "lora")
         assert (cfg.get("rl") or "sft") == train.objective
+        if "trl" in config:  # GRPO: Axolotl's TRL section reads every key as written
+            assert {key: cfg["trl"][key] for key in config["trl"]} == config["trl"]
+            assert cfg["trainer_cls"] == config["trainer_cls"]
 
 
 # Each GPU shape the lane claims, as the plan would lay it out: (hardware, recipe, precision, strategy, gc).
@@ -263,6 +320,9 @@ GPU_SHAPES = {
     "h100-1-qlora-variants": (Hardware(accelerator="cuda", gpus=1), tiny_train(
         method="qlora", lora=Lora(use_dora=True, use_rslora=True, modules_to_save=["lm_head"]),
         neftune_noise_alpha=5.0), "bf16", "single", False),
+    # GRPO: 8 GPUs of 2 prompts' completions each (Axolotl checks the generation batch divides into groups).
+    "h100-8-lora-grpo": (Hardware(accelerator="cuda", gpus=8), tiny_grpo("axolotl", global_batch_size=32),
+                         "bf16", "ddp", False),
 }
 
 
@@ -285,7 +345,7 @@ def test_axolotls_loader_accepts_every_gpu_shape_with_that_gpus_capabilities(tin
         config = configs[name]
         for key in ("bf16", "fp16", "fsdp_version", "gradient_checkpointing", "micro_batch_size",
                     "gradient_accumulation_steps", "rl", "adapter", "load_in_4bit", "bnb_config_kwargs",
-                    "peft_use_dora", "peft_use_rslora", "lora_modules_to_save", "neftune_noise_alpha"):
+                    "peft_use_dora", "peft_use_rslora", "lora_modules_to_save", "neftune_noise_alpha", "trainer_cls"):
             assert cfg.get(key) == config.get(key), f"{name}: {key}"
         if "fsdp_config" in config:
             assert {key: cfg["fsdp_config"].get(key) for key in config["fsdp_config"]} == config["fsdp_config"], name
@@ -318,3 +378,11 @@ def test_axolotl_trains_dpo_from_ln2_on_the_prepared_tokens(trl_cpu_dpo_referenc
     # Axolotl's `rl: dpo` (TRL 1.9's DPOTrainer) on the pairs as text: the same log-probabilities of the first batch's
     # answers as trl_cpu's on the prepared ids.
     train_tiny_dpo_with_backend("axolotl", trl_cpu_dpo_reference, tiny_model, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
+def test_axolotl_trains_grpo_with_xtrains_rewards(tiny_model, tmp_path, monkeypatch):
+    # Axolotl's `rl: grpo` (TRL 1.9's GRPOTrainer under Axolotl's trainer) for two real steps on the CPU, scored by
+    # xtrain's guarded built-in reward and the project's own reward file, imported in Axolotl's process by the
+    # dotted paths of its config.
+    train_tiny_grpo_with_backend("axolotl", tiny_model, tmp_path, monkeypatch)

@@ -3,8 +3,9 @@
 `python -m xtrain_backend_side.unsloth_runner job.json`: the job (written by `xtrain.train.backends.unsloth`) holds the model folder,
 the prepared train split, the LoRA settings, the objective and the TRL config arguments every TRL-based backend
 shares; this script loads the model with Unsloth's `FastLanguageModel`, trains with TRL's `SFTTrainer` (or, for a
-preference objective, the trainer every TRL backend uses, `trainer_parts.preference_trainer`) on the prepared
-tokens, saves the weights and tokenizer into the job's `out` and writes the log history to its `result`.
+preference objective, the trainer every TRL backend uses, `trainer_parts.preference_trainer`; for GRPO,
+`grpo.grpo_trainer` on the prepared prompts with the rewards of `rewards.terms`) on the prepared rows, saves the
+weights and tokenizer into the job's `out` and writes the log history to its `result`.
 The backend's environment has Unsloth's stack, not xtrain's, so the runner imports no xtrain module; the Trainer
 pieces every backend shares come from `xtrain_backend_side.trainer_parts`.
 """
@@ -17,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from xtrain_backend_side import tracking, trainer_parts
+from xtrain_backend_side import rewards, tracking, trainer_parts
+from xtrain_backend_side.grpo import grpo_trainer
 
 
 def trainer_config(objective: str, arguments: dict):
@@ -60,8 +62,10 @@ def main(job_path: str) -> None:
         local_files_only=True,
         trust_remote_code=job["trust_remote_code"],
     )
-    # Packed sequences are kept apart by their restarting position ids only when no KV cache is built.
-    model.config.use_cache = False
+    # Packed sequences are kept apart by their restarting position ids only when no KV cache is built; GRPO generates
+    # its completions, with the cache.
+    objective = job["objective"]
+    model.config.use_cache = objective == "grpo"
     if job["method"] in ("lora", "qlora"):
         lora = job["lora"]
         model = FastLanguageModel.get_peft_model(
@@ -78,13 +82,17 @@ def main(job_path: str) -> None:
         )
     dataset = Dataset.from_parquet(job["train_parquet"]).select_columns(job["columns"])
     # The same saves, checkpoint markers and row order per step as trl_cpu: the same seed trains on the same rows.
-    # A preference trainer's reference is the model with Unsloth's adapter disabled, as in trl_cpu.
-    objective = job["objective"]
-    trainer_class = (trainer_parts.step_grouped(SFTTrainer) if objective == "sft"
-                     else trainer_parts.preference_trainer(objective))
+    # A preference trainer's reference is the model with Unsloth's adapter disabled, as in trl_cpu. GRPO's trainer
+    # is TRL's GRPOTrainer as Unsloth patched it on import, scoring with the guarded rewards trl_cpu uses.
+    trainer_class, extra = trainer_parts.step_grouped(SFTTrainer), {}
+    if objective == "grpo":
+        trainer_class = grpo_trainer()
+        extra = {"reward_funcs": rewards.terms(job["rewards"], Path(job["project"]))}
+    elif objective != "sft":
+        trainer_class = trainer_parts.preference_trainer(objective)
     trainer = tracking.measured(trainer_class)(
         model=model, args=trainer_config(objective, job["trainer"]), train_dataset=dataset, processing_class=tokenizer,
-        callbacks=[trainer_parts.save_every(job["checkpoint_seconds"]), trainer_parts.mark_complete()],
+        callbacks=[trainer_parts.save_every(job["checkpoint_seconds"]), trainer_parts.mark_complete()], **extra,
     )
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=job["resume_from"])

@@ -4,7 +4,8 @@ backend's own environment, on the CPU or on CUDA / ROCm GPUs.
 The backend owns the translation recipe + plan -> Axolotl YAML (`axolotl_config`), the export of the prepared
 tokens into the form Axolotl reads (SFT: pre-tokenized input_ids / attention_mask / labels, -100 on unsupervised
 tokens; DPO and KTO, `rl: dpo | kto`: text that TRL's trainers tokenize again, checked to give back the prepared
-ids by `preference_text`), the launch (one process, or torchrun with one process per GPU or CPU process, under
+ids by `preference_text`; GRPO, `rl: grpo`: the rendered prompt text and the columns the rewards read, with the
+trainer and rewards named by dotted path in `xtrain_backend_side.axolotl_grpo`), the launch (one process, or torchrun with one process per GPU or CPU process, under
 `srun` on several nodes: what `axolotl train --launcher torchrun` runs), and the normalisation of Axolotl's output
 (trainer_state.json, the adapter or model it saves) into the checkpoint contract.
 """
@@ -19,18 +20,22 @@ from typing import Any
 
 import yaml
 
-from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, labels, split_file
+from xtrain_backend_side import BACKEND_SIDE_PATH
+from xtrain_backend_side.axolotl_grpo import REWARD_PREFIX, REWARDS_JOB
+from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, PROMPT_IDS, labels, split_file
+from xtrain_backend_side.rewards import weights
 
-from ...artifacts import read_json
+from ...artifacts import read_json, write_json
 from ...errors import XtrainError
 from ...project.envs import backend_python
-from ...recipe import Hardware, Train
+from ...recipe import Hardware, Reward, Train
 from ...stage import run_command
 from .. import tracking
 from .capabilities import CAPABILITIES
-from .contract import GRPO_REFUSED, PLANNED_HARDWARE, TrainJob, TrainResult, save_steps
+from .contract import PLANNED_HARDWARE, TrainJob, TrainResult, save_steps
 from .distributed import decoder_blocks, found_device, slurm_placeholders, torchrun_command
 from .preference_text import export_text
+from .trl_grpo import reward_specs
 from .validation import device_probe, validated
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,8 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1"}
 # (config and, for a large one, sharded safetensors with their index).
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json")
+# GRPO: the module whose `Trainer` and `reward_<i>` Axolotl's config names (xtrain_backend_side.axolotl_grpo).
+GRPO_MODULE = "xtrain_backend_side.axolotl_grpo"
 
 
 def export_tokens(prepared_dir: Path, target: Path) -> int:
@@ -59,6 +66,17 @@ def export_tokens(prepared_dir: Path, target: Path) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"input_ids": ids, "attention_mask": attention, "labels": targets}), target)
     return len(ids)
+
+
+def export_prompts(prepared_dir: Path, target: Path) -> int:
+    """The prepared train prompts as TRL's GRPOTrainer reads them: the rendered `prompt` text and every column the
+    rewards may read (the prompt's ids are the trainer's to make from the text, as on trl_cpu). Returns the rows."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(split_file(prepared_dir))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.drop_columns([PROMPT_IDS]), target)
+    return table.num_rows
 
 
 def precision_keys(job: TrainJob) -> dict[str, bool]:
@@ -123,6 +141,34 @@ def preference_config(job: TrainJob) -> dict[str, Any]:
     return config
 
 
+def grpo_config(job: TrainJob) -> dict[str, Any]:
+    """Axolotl's `rl: grpo` keys: train.rl in its `trl:` section, the rewards as dotted paths with their weights,
+    and the trainer that tokenizes the prepared prompts as they are."""
+    rl, layout = job.train.rl, job.plan.layout
+    trl: dict[str, Any] = {
+        "num_generations": rl.generations,
+        "max_completion_length": rl.max_completion_length,
+        "temperature": rl.temperature,
+        "top_p": rl.top_p,
+        "beta": rl.kl_weight,
+        "epsilon": rl.clip_epsilon,
+        "loss_type": rl.loss_type,
+        # TRL's default, which trl_cpu keeps (Axolotl's own default is its older spelling, True).
+        "scale_rewards": "group",
+        "reward_funcs": [f"{GRPO_MODULE}.{REWARD_PREFIX}{index}" for index in range(len(job.train.rewards))],
+        "reward_weights": weights(reward.model_dump() for reward in job.train.rewards),
+        "use_vllm": False,
+    }
+    if rl.steps_per_generation:
+        # Axolotl exposes TRL's generation_batch_size, not steps_per_generation: TRL's own relation between them.
+        trl["generation_batch_size"] = layout.micro_batch_size * layout.devices * rl.steps_per_generation
+        log.info("axolotl: train.rl.steps_per_generation %s -> trl.generation_batch_size %s (micro-batch %s x %s "
+                 "process(es) x %s)", rl.steps_per_generation, trl["generation_batch_size"], layout.micro_batch_size,
+                 layout.devices, rl.steps_per_generation)
+    # The trainer reads the reward columns (Axolotl's RL default, stated).
+    return {"rl": "grpo", "trl": trl, "remove_unused_columns": False, "trainer_cls": f"{GRPO_MODULE}.Trainer"}
+
+
 def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
     """Axolotl's YAML for the recipe's train section and the plan (every Train field is used here)."""
     train, plan, layout = job.train, job.plan, job.plan.layout
@@ -183,7 +229,9 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         else:
             config["lora_target_modules"] = list(lora.target_modules)
         config |= {kernel: False for kernel in LORA_KERNELS}
-    if not sft:
+    if train.objective == "grpo":
+        config |= grpo_config(job)
+    elif not sft:
         config |= preference_config(job)
     config["neftune_noise_alpha"] = train.neftune_noise_alpha
     return {key: value for key, value in config.items() if value is not None}
@@ -223,7 +271,16 @@ class Axolotl:
         "train.preference.loss_type": "config.dpo_loss_type",
         "train.preference.desirable_weight": "config.kto_desirable_weight",
         "train.preference.undesirable_weight": "config.kto_undesirable_weight",
-        **GRPO_REFUSED,  # Axolotl's `rl: grpo` is not mapped yet: refused by its capabilities
+        "train.rl.generations": "config.trl.num_generations",
+        "train.rl.max_completion_length": "config.trl.max_completion_length",
+        "train.rl.temperature": "config.trl.temperature",
+        "train.rl.top_p": "config.trl.top_p",
+        "train.rl.kl_weight": "config.trl.beta",
+        "train.rl.clip_epsilon": "config.trl.epsilon",
+        "train.rl.loss_type": "config.trl.loss_type",
+        "train.rl.steps_per_generation": "config.trl.generation_batch_size",
+        **{f"train.rewards.{name}": "rewards_job.rewards" for name in Reward.model_fields if name != "weight"},
+        "train.rewards.weight": "config.trl.reward_weights",
         "train.report_to": "config.use_tensorboard",
         "train.mlflow_tracking_uri": "config.mlflow_tracking_uri",
         "hardware.accelerator": "argv",
@@ -234,14 +291,15 @@ class Axolotl:
     }
 
     def check(self, train: Train, hardware: Hardware) -> None:
-        """Several nodes are for GPUs (CPU processes share one node). TRL's preference trainers turn every dropout off (their `disable_dropout`, which Axolotl 0.19 does not
-        expose), so a LoRA dropout would be silently ignored: refused."""
+        """Several nodes are for GPUs (CPU processes share one node). TRL's preference trainers turn every dropout off
+        (their `disable_dropout`, which Axolotl 0.19 does not expose), so a LoRA dropout would be silently ignored:
+        refused (GRPO's trainer keeps dropout by default, as trl_cpu does)."""
         if hardware.accelerator == "cpu" and hardware.nodes != 1:
             raise XtrainError(
                 "train.backend axolotl runs CPU training on one node: set hardware.nodes: 1 (more CPU processes "
                 "with hardware.processes), or train on GPUs"
             )
-        if train.objective != "sft" and train.adapters and train.lora.dropout:
+        if train.objective not in ("sft", "grpo") and train.adapters and train.lora.dropout:
             raise XtrainError(
                 f"train.backend axolotl: train.lora.dropout {train.lora.dropout} with train.objective "
                 f"{train.objective}: Axolotl's {train.objective} trainer (TRL's) turns dropout off; set "
@@ -252,7 +310,10 @@ class Axolotl:
         """Axolotl's YAML, its launch and environment; the prepared tokens are exported to `dataset`. On the CPU
         Axolotl's CLI runs in one process; every GPU run goes through torchrun (one process per GPU, also for one
         GPU: never DataParallel). `env`: the launching process's environment (a multi-node launch reads its Slurm
-        allocation); None renders the launch with the Slurm variables as the shell names them."""
+        allocation); None renders the launch with the Slurm variables as the shell names them. GRPO adds the
+        rewards' job (`rewards_job`, written to `rewards_file`), which `xtrain_backend_side.axolotl_grpo` reads in
+        Axolotl's process: each reward's settings, and the project whose rewards/ folder holds the user's files (the
+        train job's working folder, as trl_cpu reads them)."""
         hardware = job.hardware
         dataset = job.work_dir / "axolotl_data" / "train.parquet"
         config = job.work_dir / "axolotl.yaml"
@@ -260,8 +321,14 @@ class Axolotl:
         program = ["-m", "axolotl.cli.train", str(config)]
         argv = ([python, *program] if hardware.accelerator == "cpu" else
                 torchrun_command(python, hardware, program, slurm_placeholders(hardware) if env is None else env))
-        return {"config": axolotl_config(job, dataset), "dataset": dataset, "config_file": config, "argv": argv,
-                "env": OFFLINE | tracking.environment(job)}
+        launch = {"config": axolotl_config(job, dataset), "dataset": dataset, "config_file": config, "argv": argv,
+                  "env": OFFLINE | tracking.environment(job)}
+        if job.train.objective == "grpo":
+            rewards_file = job.work_dir / "axolotl_rewards.json"
+            launch |= {"rewards_job": {"rewards": reward_specs(job.train), "project": str(Path.cwd().resolve())},
+                       "rewards_file": rewards_file}
+            launch["env"] |= {"PYTHONPATH": BACKEND_SIDE_PATH, REWARDS_JOB: str(rewards_file.resolve())}
+        return launch
 
     def validate(self, job: TrainJob, native: dict, scratch: Path) -> dict:
         """Axolotl's own loader on the rendered YAML, with the recipe's GPU answering its device probe and torchrun's
@@ -286,6 +353,9 @@ class Axolotl:
         launch = self.native(job, dict(os.environ))
         if job.train.objective == "sft":
             export_tokens(job.prepared_dir, launch["dataset"])
+        elif job.train.objective == "grpo":
+            export_prompts(job.prepared_dir, launch["dataset"])
+            write_json(launch["rewards_file"], launch["rewards_job"])
         else:
             export_text(job.prepared_dir, job.model_dir, launch["dataset"], self.name, job.trust_remote_code)
         launch["config_file"].write_text(yaml.safe_dump(launch["config"], sort_keys=False))

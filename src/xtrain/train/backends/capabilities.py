@@ -60,7 +60,8 @@ CAPABILITIES: dict[str, Capabilities] = {
     # TRL 1.9's ORPOTrainer, which tokenizes text with BOS/EOS rules of its own, not the prepared tokens.
     "axolotl": Capabilities(
         status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None, max_processes=1,
-        methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto"), precisions=("fp32", "bf16", "fp16"),
+        methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "grpo"),
+        precisions=("fp32", "bf16", "fp16"),
         packing=False, resume=True,
     ),
     # One process on the CPU or on one CUDA GPU: Unsloth's open-source release trains on a single GPU. On the CPU
@@ -68,7 +69,8 @@ CAPABILITIES: dict[str, Capabilities] = {
     # the quantization itself (nf4, double-quantized); its get_peft_model has no DoRA.
     "unsloth": Capabilities(
         status="trains", accelerators=("cpu", "cuda"), max_gpus_per_node=1, max_nodes=1, max_processes=1,
-        methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo"), precisions=("fp32", "bf16", "fp16"),
+        methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo", "grpo"),
+        precisions=("fp32", "bf16", "fp16"),
         packing=True, resume=True, lora_options=("use_rslora", "modules_to_save"), quant_types=("nf4",),
         single_quant=False,
     ),

@@ -26,7 +26,7 @@ from .. import tracking
 from . import guards
 from .contract import PLANNED_HARDWARE, TrainJob, TrainResult
 from .distributed import decoder_blocks
-from .trl_grpo import GRPO_FIELDS, grpo_arguments, prompt_columns, reward_functions
+from .trl_grpo import GRPO_FIELDS, grpo_arguments, prompt_columns, reward_functions, reward_specs
 from .validation import device_probe, validated
 
 log = logging.getLogger(__name__)
@@ -169,8 +169,7 @@ def native(job: TrainJob, placement: Placement) -> dict:
         "quantization": quantization_config(job.train, placement.precision),
         "columns": (prompt_columns(job.prepared_dir) if job.train.objective == "grpo"
                     else trained_columns(job.train.objective, packed)),
-        **({"rewards": [reward.model_dump(exclude_none=True, exclude={"weight"}) for reward in job.train.rewards]}
-           if job.train.rewards else {}),
+        **({"rewards": reward_specs(job.train)} if job.train.rewards else {}),
         "save_every_seconds": job.train.checkpoint_minutes * 60,
         "env": tracking.environment(job),
     }

@@ -56,9 +56,15 @@ def grpo_arguments(train, sft: dict) -> dict:
     }
 
 
+def reward_specs(train) -> list[dict]:
+    """Each reward's settings as `xtrain_backend_side.rewards.terms` reads them (the weights go to the config): what
+    a lane in its own interpreter builds its guarded rewards from."""
+    return [reward.model_dump(exclude_none=True, exclude={"weight"}) for reward in train.rewards]
+
+
 def reward_functions(train, project: Path) -> list:
     """The recipe's rewards as the guarded callables GRPOTrainer calls (user files loaded from `project`)."""
-    return terms((reward.model_dump() for reward in train.rewards), project)
+    return terms(reward_specs(train), project)
 
 
 def prompt_columns(prepared_dir: Path) -> list[str]:

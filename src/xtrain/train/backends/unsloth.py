@@ -1,5 +1,6 @@
-"""`unsloth`: Unsloth's FastLanguageModel (+ its LoRA) trained by TRL's SFTTrainer, or its DPO, KTO or ORPO trainer, in
-the backend's own environment.
+"""`unsloth`: Unsloth's FastLanguageModel (+ its LoRA) trained by TRL's SFTTrainer, or its DPO, KTO, ORPO or GRPO
+trainer (GRPO: TRL's GRPOTrainer as Unsloth patches it, generating with transformers' `generate`), in the backend's own
+environment.
 
 The backend writes a JSON job (model, prepared train split, LoRA settings, the objective and the TRL config arguments
 it shares with trl_cpu, so both backends train with the same settings on the same tokens) and launches
@@ -21,9 +22,10 @@ from ...recipe import Hardware, Train
 from ...stage import run_command
 from .. import tracking
 from .capabilities import CAPABILITIES
-from .contract import GRPO_REFUSED, TrainJob, TrainResult
+from .contract import TrainJob, TrainResult
 from .distributed import found_device
 from .trl import TRL_FIELDS, Placement, cpu_placement, trained_columns, trainer_arguments
+from .trl_grpo import prompt_columns, reward_specs
 from .validation import device_probe, validated
 
 RUNNER = "xtrain_backend_side.unsloth_runner"
@@ -32,11 +34,11 @@ RUNNER = "xtrain_backend_side.unsloth_runner"
 class Unsloth:
     name = "unsloth"
     capabilities = CAPABILITIES[name]
-    # The runner hands the shared TRL config arguments to TRL; the model and LoRA settings to Unsloth's loader.
-    fields = {**{field: where.replace("peft.", "job.lora.").replace("config.", "job.trainer.")
+    # The runner hands the shared TRL config arguments to TRL, the model and LoRA settings to Unsloth's loader, and
+    # GRPO's rewards to xtrain_backend_side.rewards in its interpreter.
+    fields = {**{field: "job.rewards" if where == "rewards" else
+                 where.replace("peft.", "job.lora.").replace("config.", "job.trainer.")
                  for field, where in TRL_FIELDS.items()},
-              # GRPO through Unsloth is not mapped yet: refused by its capabilities.
-              **GRPO_REFUSED,
               "train.objective": "job.objective",
               "train.method": "job.method",
               "train.checkpoint_minutes": "job.checkpoint_seconds",
@@ -67,7 +69,8 @@ class Unsloth:
             "job": {
                 "model_dir": str(job.model_dir.resolve()),
                 "train_parquet": str(split_file(job.prepared_dir).resolve()),
-                "columns": trained_columns(train.objective, packed),
+                "columns": (prompt_columns(job.prepared_dir) if train.objective == "grpo"
+                            else trained_columns(train.objective, packed)),
                 "seq_len": plan.data.seq_len,
                 "method": train.method,
                 "load_in_4bit": train.method == "qlora",
@@ -77,6 +80,10 @@ class Unsloth:
                 "seed": train.seed,
                 "trust_remote_code": job.trust_remote_code,
                 "objective": train.objective,
+                # GRPO: the rewards the runner builds (xtrain_backend_side.rewards.terms), user files read from the
+                # project (the train job's working folder, as trl_cpu reads them).
+                **({"rewards": reward_specs(train), "project": str(Path.cwd().resolve())}
+                   if train.objective == "grpo" else {}),
                 "trainer": trainer_arguments(job, where, packed)
                 | {"output_dir": str(job.work_dir.resolve())},
                 "checkpoint_seconds": train.checkpoint_minutes * 60,
