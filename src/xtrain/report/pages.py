@@ -624,7 +624,7 @@ def write_compare(metrics_paths: dict[str, Path], out: Path, prepared_dirs: dict
                         + ("" if grpo else f"{_img(compare_plot(rows), f'loss by recipe, eval set {fingerprint}')}"))
     apart = ("<p>Recipes evaluated on different held-out rows (another data set, tokenizer, template or seq_len) are "
              "in separate tables: their losses do not compare.</p>" if len(groups) > 1 else "")
-    body = (f"<h1>Recipes ranked by tuned held-out loss, per eval set</h1>{apart}{''.join(sections)}"
+    body = (f"<h1>Recipes ranked per eval set</h1>{apart}{''.join(sections)}"
             "<p>Each recipe's own page: <code>reports/&lt;recipe&gt;/report.html</code>.</p>")
     _write(out, page("xtrain: recipes compared", body))
 
