@@ -230,16 +230,21 @@ def test_a_backend_without_the_objective_refuses_it_by_name():
         check("axolotl", Train(backend="axolotl", objective="orpo"), Hardware())
 
 
+@pytest.mark.slow
 def test_the_dpo_demo_runs_through_snakemake_and_reruns_only_what_an_edit_changes(tmp_path):
+    """The DPO demo is the second stage of a chain: DPO on the SFT demo's adapter merged into its base."""
     from conftest import copy_workflow, scheduled_jobs, snakemake
 
     from xtrain.artifacts import read_json
 
     recipe = (REPO / "recipes/demo_dpo.yaml").read_text()
-    project = copy_workflow(tmp_path, {"demo_dpo": recipe})
-    snakemake(project, "--cores", "2", "reports/demo_dpo/gate.json")
+    project = copy_workflow(tmp_path, {"demo": (REPO / "recipes/demo.yaml").read_text(), "demo_dpo": recipe})
+    built = snakemake(project, "--cores", "2", "reports/demo_dpo/gate.json")
+    assert ("merge_base", "demo") in scheduled_jobs(built.stdout + built.stderr)
+    assert read_json(project / "checkpoints/demo_dpo/manifest.json")["lineage"][1]["base_model"] == "bases/demo"
     metrics = read_json(project / "reports/demo_dpo/eval.json")
     assert metrics["reward_accuracy"] >= 0.6 and metrics["eval_pairs"] > 0
+    assert metrics["root_loss"] != metrics["base_loss"], "the direct base is the SFT model, not the tiny model"
     progress = [line for line in (project / "logs/demo_dpo/train.log").read_text().splitlines() if " ETA " in line]
     assert progress and "step 1/14 (7%) loss 0.6931" in progress[0], "each logged step is one line in the log"
     for stage, what in (("prepare", "tokenize: chats"), ("evaluate", "evaluate: rows scored and answers generated")):
