@@ -19,6 +19,7 @@ def plan_lines(plan: dict[str, Any], recipe: Recipe) -> list[str]:
     lines = [f"- Hardware: {where}; {plan['precision']}, {plan['strategy']}.",
              f"- Memory per device: {plan['peak_gib_per_device']} GiB of {plan['budget_gib_per_device']} GiB usable"
              f" ({'fits' if fits else 'does not fit'}; at worst, every row data.seq_len long).",
+             *([f"- Generation (GRPO): {plan['generation']}."] if "generation" in plan else []),
              f"- Time: {plan['steps']} steps, {duration(plan['run_seconds'])}" + (f", {plan['gpu_hours']} GPU-hours" if plan['gpus'] else "")
              + (f", cost {plan['cost']} at {plan['price_per_gpu_hour']} per GPU-hour" if "cost" in plan else "") + "."]
     return lines
@@ -60,7 +61,9 @@ def report_markdown(summary: dict[str, Any], recipe: Recipe) -> str:
     if steps.get("train", {}).get("status") == "passed":
         train = steps["train"]
         lines += [f"Trained {train['steps']} steps through `{train['backend']}` on the CPU on the shrunk model "
-                  f"({steps['model']['class']}: {', '.join(steps['model']['changed'])}); losses {train['losses']}.", ""]
+                  f"({steps['model']['class']}: {', '.join(steps['model']['changed'])}); losses {train['losses']}"
+                  + (f"; {train['completions']} completions per step, mean reward per step {train['rewards']}"
+                     if "rewards" in train else "") + ".", ""]
     verdict = ("Verdict: ready to submit." if summary["verdict"] == "passed"
                else "Verdict: fix the failed step before submitting; the full run would stop there too.")
     return "\n".join([*lines, verdict, ""])

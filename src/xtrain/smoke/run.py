@@ -14,7 +14,8 @@
   capabilities, `tune validate`, TRL's config classes), and the Slurm resources the train job would request;
 - model: the recipe's model shrunk (`smoke.model`: same class, vocabulary, attention layout, module names);
 - train: `SMOKE_STEPS` optimizer steps through the recipe's own backend on the CPU, in its own environment,
-  checked against the checkpoint contract;
+  checked against the checkpoint contract; a GRPO recipe's steps sample `train.rl.generations` completions for
+  each of `SMOKE_BATCH` prompts (at most `SMOKE_COMPLETION` tokens) and score them with the recipe's own rewards;
 - evaluate: the sample's eval rows and two greedy answers, base vs tuned.
 Each step passes or fails with its time and error (`smoke.json`, `report.md`, and the log); a step that needs a
 failed one is skipped. Any failure fails the stage with the first error, the message the full run would give.
@@ -38,8 +39,8 @@ from ..errors import XtrainError
 from ..evaluate import evaluate
 from ..plan import make_plan, write_plan
 from ..plan.jobs import plan_evaluate, plan_export
-from ..plan.schema import JobPlan
-from ..recipe import DATA_KINDS, Eval, Hardware, Recipe, stage_params
+from ..plan.schema import Generation, JobPlan
+from ..recipe import DATA_KINDS, Eval, Hardware, Recipe, Train, stage_params
 from ..train.backends.contract import TrainJob
 from ..train.backends.registry import check
 from ..train.checkpoint import check_checkpoint
@@ -51,7 +52,8 @@ log = logging.getLogger(__name__)
 
 SAMPLE_ROWS = 100  # about 10 eval rows at the default data.eval_fraction
 SMOKE_STEPS = 3
-SMOKE_BATCH = 2
+SMOKE_BATCH = 2  # rows per step: sequences, pairs, or GRPO prompts (each with its group of completions)
+SMOKE_COMPLETION = 16  # GRPO: longest completion sampled in the smoke's steps
 SMOKE_EVAL = Eval(batch_size=4, generations=2, max_new_tokens=8)
 
 
@@ -88,6 +90,18 @@ class Steps:
         return next((f"{r['step']}: {r['error']}" for r in self.records if r["status"] == "failed"), None)
 
 
+def smoke_settings(train: Train) -> Train:
+    """The recipe's train section for the smoke's few CPU steps: `SMOKE_STEPS` steps of `SMOKE_BATCH` rows; for GRPO
+    that many prompts, each with its `train.rl.generations` completions of at most `SMOKE_COMPLETION` tokens, one
+    generation per step."""
+    update = {"max_steps": SMOKE_STEPS, "global_batch_size": SMOKE_BATCH, "micro_batch_size": None, "logging_steps": 1}
+    if train.objective == "grpo":
+        rl = train.rl.model_copy(update={"max_completion_length": min(train.rl.max_completion_length, SMOKE_COMPLETION),
+                                         "steps_per_generation": None})
+        update |= {"global_batch_size": SMOKE_BATCH * train.rl.generations, "rl": rl}
+    return train.model_copy(update=update)
+
+
 def full_data_manifest(sample: dict[str, Any], sources: list[Path], recipe: Recipe) -> dict[str, Any]:
     """The sample's manifest as the full data would give it: each split scaled to every source's row count, and
     every row as long as data.seq_len (the longest the full run may meet), for the real plan."""
@@ -115,7 +129,18 @@ def real_plan(recipe: Recipe, model_dir: Path, manifest: dict, prices: dict[str,
         "precision": plan.precision, "strategy": plan.layout.strategy, "steps": plan.time.steps,
         "run_seconds": round(plan.time.seconds), "gpus": devices, "gpu_hours": round(gpu_hours, 2),
         **({"cost": round(gpu_hours * price, 2), "price_per_gpu_hour": price} if price is not None else {}),
+        **({"generation": generation_summary(plan.generation)} if plan.generation else {}),
     }
+
+
+def generation_summary(phase: Generation) -> str:
+    """GRPO's generation phase in words, for the smoke report."""
+    gib = 2**30
+    return (f"{phase.completions_per_device} completions per device ({phase.prompts_per_device} prompts) of up to "
+            f"{phase.completion_tokens} tokens after prompts of up to {phase.prompt_tokens}; KV cache "
+            f"{phase.kv_cache_bytes / gib:.2f} GiB, phase peak {phase.peak_bytes_per_device / gib:.2f} GiB (training "
+            f"step {phase.training_peak_bytes_per_device / gib:.2f} GiB); {phase.tokens_per_second:g} completion "
+            f"tokens/s, {phase.seconds_per_step:g} s of each optimizer step")
 
 
 def job_figures(job: JobPlan) -> dict[str, Any]:
@@ -130,8 +155,7 @@ def smoke(*, recipe: Recipe, name: str, model_dir: Path, sources: list[Path], ou
     """Run every step into `out`; raise the first failure's error after writing the record to the log."""
     steps, trust = Steps(), recipe.model.trust_remote_code
     kind = DATA_KINDS[recipe.train.objective]
-    smoke_train = recipe.train.model_copy(update={"max_steps": SMOKE_STEPS, "global_batch_size": SMOKE_BATCH,
-                                                  "micro_batch_size": None, "logging_steps": 1})
+    smoke_train = smoke_settings(recipe.train)
     with atomic_dir(out) as staging:
         prepared = staging / "prepared"
         manifest: dict[str, Any] = {}
@@ -187,14 +211,21 @@ def smoke(*, recipe: Recipe, name: str, model_dir: Path, sources: list[Path], ou
                          hardware=cpu, out=staging / "checkpoint", work_dir=staging / "runs", trust_remote_code=trust)
             metrics = check_checkpoint(staging / "checkpoint", recipe.train.backend)
             return {"backend": recipe.train.backend, "steps": metrics["steps"],
-                    "losses": [round(entry["loss"], 4) for entry in metrics["loss"]]}
+                    "losses": [round(entry["loss"], 4) for entry in metrics["loss"]],
+                    **({"rewards": [round(entry["reward"], 4) for entry in metrics["rl"]],
+                        "completions": smoke_train.global_batch_size} if "rl" in metrics else {})}
 
         steps.run("train", ("prepare", "model"), train_steps)
 
         def evaluate_sample():
+            # A GRPO recipe's held-out prompts are answered and scored by its own rewards (user files from the project).
+            scoring = ({"rewards": recipe.model_dump(mode="json")["train"]["rewards"]}
+                       if recipe.train.objective == "grpo" else {})
             metrics = evaluate(shrunk, staging / "checkpoint", prepared, SMOKE_EVAL, staging / "eval.json",
-                               trust_remote_code=trust)
-            return {"eval_rows": metrics["eval_rows"], "tuned_loss": round(metrics["tuned_loss"], 4)}
+                               trust_remote_code=trust, **scoring)
+            # Prompts have no reference answer, so no loss: the tuned model's mean reward instead.
+            return {"eval_rows": metrics["eval_rows"],
+                    **{name: round(metrics[name], 4) for name in ("tuned_loss", "tuned_reward_mean") if name in metrics}}
 
         steps.run("evaluate", ("train",), evaluate_sample)
         error = steps.first_error()
