@@ -252,3 +252,20 @@ def test_dvc_stage_depends_on_the_upstream_checkpoint():
 
     assert "checkpoints/sft" in recipe_stage("dpo", recipe({"recipe": "sft"}))["deps"]
     assert not any(dep.startswith("checkpoints/") for dep in recipe_stage("sft", recipe(ROOT))["deps"])
+
+
+def test_dvc_versions_a_merged_base_in_its_upstreams_stage():
+    """bases/<upstream> is built and versioned by the upstream's stage (one stage, however many recipes merge it):
+    a clone that pulls has the base its downstream trained on, so it neither rebuilds it nor retrains."""
+    import yaml
+
+    from xtrain.project.dvc_stages import merged_upstreams, render
+
+    recipes = {"sft": recipe(ROOT), "dpo": recipe({"recipe": "sft"}), "kto": recipe({"recipe": "sft"}),
+               "more": recipe({"recipe": "sft", "adapter": "continue"}), "full": recipe(ROOT, train={"method": "full"}),
+               "on_full": recipe({"recipe": "full"}), "base": recipe(ROOT), "cont": recipe({"recipe": "base",
+                                                                                          "adapter": "continue"})}
+    assert merged_upstreams(recipes) == {"sft"}  # not a full fine-tune's checkpoint, not a continued adapter
+    stages = yaml.safe_load(render(Path(__file__).parents[1]))["stages"]
+    assert stages["demo"]["cmd"].endswith(" bases/demo") and {"bases/demo": {"persist": True}} in stages["demo"]["outs"]
+    assert not any("bases/" in str(stage) for name, stage in stages.items() if name != "demo")
