@@ -7,8 +7,8 @@
 criteria, cache bookkeeping), counted on real tensors: (ops of generating N tokens - ops of generating 1) / (N - 1)
 minus one decode forward's ops (as the plan traces it). The plan's `generation.GENERATE_LOOP_OPS` comes from here.
 
-`run`: recipes/rl/demo_grpo.yaml (data/demo/prompts.jsonl, its rewards) with each configuration's method, KL weight,
-completion length and batch, prepared and planned for this machine as the plan stage does (`make_plan`, the recorded
+`run`: recipes/rl/demo_grpo.yaml (data/demo/prompts.jsonl, its rewards) with each configuration's method (LoRA: r 16
+on the seven linear layers), KL weight, completion length and batch, prepared and planned for this machine as the plan stage does (`make_plan`, the recorded
 CPU probe), then trained by the real train stage (`run_training`, trl_cpu) in a fresh process under the train job's
 allocator. Measured: the trainer's runtime per step (train_metrics.json `trainer_runtime_seconds`, every step's
 generation, scoring and training), the time inside `generate` per step (a timer around GenerationMixin.generate),
@@ -39,6 +39,8 @@ CONFIGS = {  # name: (method, kl_weight, max_completion_length, global batch (co
     "lora-kl0-c32": ("lora", 0.0, 32, 16, 4),
     "full-kl0.05": ("full", 0.05, 8, 16, 4),
 }
+LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 TRAIN = """
 import json, sys, time
 from pathlib import Path
@@ -103,8 +105,9 @@ def recipe_for(name: str):
     data["train"] |= {"method": method, "global_batch_size": batch, "report_to": [],
                       "rl": {**data["train"]["rl"], "kl_weight": kl, "max_completion_length": completion,
                              "generations": generations}}
-    if method == "full":
-        data["train"].pop("lora", None)
+    data["train"].pop("lora", None)
+    if method == "lora":  # as recipes/rl/demo_grpo.yaml trained before it became a full fine-tune (26458ec)
+        data["train"]["lora"] = LORA
     return Recipe.model_validate(data)
 
 
