@@ -28,6 +28,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# How long slurmctld keeps a finished job for `scontrol show job` (there is no sacct): a chained run is read back
+# after its last job, and on a loaded machine its first jobs had ended more than 5 minutes before (seen).
+FINISHED_JOB_SECONDS = 3600
+
+
 def slurm_conf(state: Path, cpus: int, memory_mb: int) -> str:
     return f"""\
 ClusterName=xtrain-test
@@ -44,7 +49,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
 ReturnToService=2
-MinJobAge=300
+MinJobAge={FINISHED_JOB_SECONDS}
 DefMemPerCPU=1000
 StateSaveLocation={state}/ctld
 SlurmdSpoolDir={state}/spool

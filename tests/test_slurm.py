@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,48 @@ def test_time_limit_is_reported_and_the_rerun_resumes_from_the_last_trainer_chec
     assert "resuming an interrupted run" in (root / "logs/long/train.log").read_text()
     assert json.loads((root / "checkpoints/long/train_metrics.json").read_text())["steps"] == 4000
     assert not list((root / "checkpoints").glob(".long.partial-*"))
+
+
+# Two cheap stages of a chain (model.recipe): LoRA SFT on the tiny model, then DPO on its adapter merged by rule
+# merge_base. Names of their own: the module's cluster remembers the other tests' jobs.
+CHAIN_SFT = """
+model: {path: models/tiny-llama}
+data:
+  sources: [{path: data/demo/chat.jsonl, format: messages}]
+  seq_len: 128
+train: {max_steps: 3, global_batch_size: 4, learning_rate: 5.0e-3, lora: {r: 8, alpha: 16, dropout: 0.0}}
+"""
+CHAIN_DPO = """
+model: {recipe: chain_sft}
+data:
+  sources: [{path: data/pref/colours_sums.jsonl}]
+  seq_len: 128
+train: {objective: dpo, max_steps: 2, global_batch_size: 4, learning_rate: 5.0e-3, logging_steps: 1}
+"""
+
+
+def slurm_time(job: dict[str, str], field: str) -> datetime:
+    return datetime.fromisoformat(job[field])
+
+
+def test_a_chain_runs_as_dependent_jobs_each_submitted_after_its_upstream_ended(cluster, tmp_path):
+    """Snakemake submits a job once its inputs exist: the upstream's train job has ended before merge_base is
+    submitted, and merge_base before any job of the downstream recipe (whose model is bases/chain_sft)."""
+    root = copy_workflow(tmp_path, {"chain_sft": CHAIN_SFT, "chain_dpo": CHAIN_DPO})
+    snakemake(root, "--profile", "profiles/slurm", "checkpoints/chain_dpo", *NO_ACCOUNTING)
+
+    jobs = [job for job in show_jobs() if job.get("WorkDir") == str(root) and job["Comment"].startswith("rule_")]
+    by_rule = {job["Comment"]: job for job in jobs}
+    assert len(by_rule) == len(jobs), "each job of the chain ran once"
+    assert all(job["JobState"] == "COMPLETED" for job in jobs), [(j["Comment"], j["JobState"]) for j in jobs]
+    assert sorted(by_rule) == ["rule_merge_base_wildcards_chain_sft", "rule_prepare_wildcards_chain_dpo",
+                               "rule_prepare_wildcards_chain_sft", "rule_train_wildcards_chain_dpo",
+                               "rule_train_wildcards_chain_sft"], "plan is a local rule"
+    upstream_train, merge = by_rule["rule_train_wildcards_chain_sft"], by_rule["rule_merge_base_wildcards_chain_sft"]
+    downstream = [by_rule["rule_prepare_wildcards_chain_dpo"], by_rule["rule_train_wildcards_chain_dpo"]]
+    assert slurm_time(upstream_train, "EndTime") <= slurm_time(merge, "SubmitTime")
+    for job in downstream:
+        assert slurm_time(merge, "EndTime") <= slurm_time(job, "SubmitTime"), job["Comment"]
+    manifest = json.loads((root / "checkpoints/chain_dpo/manifest.json").read_text())
+    assert [stage["recipe"] for stage in manifest["lineage"]] == ["chain_sft", "chain_dpo"]
+    assert manifest["lineage"][1]["base_model"] == "bases/chain_sft"
