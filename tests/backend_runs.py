@@ -110,6 +110,9 @@ def train_tiny_grpo_with_backend(backend: str, tiny_model, tmp_path, monkeypatch
         assert step["reward"] == pytest.approx(format_mean + 0.5 * words_mean, abs=1e-5)  # summed by weight
         assert 0 < step["completions/mean_length"] <= 8
         assert step["kl"] >= 0  # logged with train.rl.kl_weight above 0
+    # Tokens are the prompts' and the completions' the trainer counted: 8 completions a step, after their prompts.
+    completions = sum(step["completions/mean_length"] * 8 for step in steps)
+    assert completions < metrics["tokens_seen"] <= completions + 16 * manifest["splits"]["train"]["max_len"]
     return metrics
 
 

@@ -3,6 +3,8 @@ trains as text, and real SFT and DPO runs."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 from backend_runs import (
@@ -320,9 +322,9 @@ GPU_SHAPES = {
     "h100-1-qlora-variants": (Hardware(accelerator="cuda", gpus=1), tiny_train(
         method="qlora", lora=Lora(use_dora=True, use_rslora=True, modules_to_save=["lm_head"]),
         neftune_noise_alpha=5.0), "bf16", "single", False),
-    # GRPO: 8 GPUs of 2 prompts' completions each (Axolotl checks the generation batch divides into groups).
-    "h100-8-lora-grpo": (Hardware(accelerator="cuda", gpus=8), tiny_grpo("axolotl", global_batch_size=32),
-                         "bf16", "ddp", False),
+    # GRPO: one group of 4 completions per step (Axolotl checks that each process's micro-batch x accumulation holds
+    # whole groups: num_generations x processes at least).
+    "h100-1-lora-grpo": (Hardware(accelerator="cuda", gpus=1), tiny_grpo("axolotl"), "bf16", "single", False),
 }
 
 
@@ -378,6 +380,53 @@ def test_axolotl_trains_dpo_from_ln2_on_the_prepared_tokens(trl_cpu_dpo_referenc
     # Axolotl's `rl: dpo` (TRL 1.9's DPOTrainer) on the pairs as text: the same log-probabilities of the first batch's
     # answers as trl_cpu's on the prepared ids.
     train_tiny_dpo_with_backend("axolotl", trl_cpu_dpo_reference, tiny_model, tmp_path, monkeypatch)
+
+
+AXOLOTL_GRPO_CHECK = """
+import os, sys
+from axolotl.core.trainers.grpo import GRPOStrategy
+from axolotl.core.trainers.grpo.trainer import AxolotlGRPOTrainer
+from axolotl.utils.import_helper import get_cls_from_module_str
+from xtrain_backend_side import axolotl_grpo
+trainer = get_cls_from_module_str("xtrain_backend_side.axolotl_grpo.Trainer")
+assert issubclass(trainer, AxolotlGRPOTrainer) and "_tokenize_prompts" in vars(trainer), trainer.__mro__
+answer = GRPOStrategy.get_reward_func("xtrain_backend_side.axolotl_grpo.reward_0")
+own = GRPOStrategy.get_reward_func("xtrain_backend_side.axolotl_grpo.reward_1")
+assert answer.__name__ == "answer" and answer(prompts=["p"], completions=["#### 4"], answer=["4"]) == [1.0]
+assert own.__name__ == "rewards/mine.py:score" and own(prompts=["p"], completions=["a b"]) == [2.0]
+os.environ["XTRAIN_GRPO_REWARDS"] = sys.argv[1]  # a job whose user file lies outside rewards/
+axolotl_grpo.terms.cache_clear()
+try:
+    GRPOStrategy.get_reward_func("xtrain_backend_side.axolotl_grpo.reward_0")
+except Exception as error:
+    print("REFUSED", type(error).__name__, error)
+"""
+
+
+@pytest.mark.slow
+def test_axolotl_imports_xtrains_trainer_and_guarded_rewards_and_refuses_a_reward_file_outside_rewards(tmp_path):
+    """What Axolotl's GRPO loads by the dotted paths of its config, as it loads them (its own import helpers): the
+    trainer that keeps the prepared prompt tokens, each guarded reward (a user's from the project's rewards/), and
+    no user file from outside rewards/ (the whole job is refused)."""
+    import json
+    import subprocess
+
+    ensure_backend_env("axolotl")
+    (tmp_path / "rewards").mkdir()
+    score = "def score(completions, **kwargs):\n    return [float(len(c.split())) for c in completions]\n"
+    (tmp_path / "rewards/mine.py").write_text(score)
+    (tmp_path / "evil.py").write_text(score)
+    jobs = {}
+    for name, file in (("good", "rewards/mine.py"), ("outside", "rewards/../evil.py")):
+        jobs[name] = tmp_path / f"{name}.json"
+        jobs[name].write_text(json.dumps({"project": str(tmp_path), "rewards": [
+            {"type": "answer"}, {"type": "python", "file": file, "function": "score"}]}))
+    result = subprocess.run([PYTHON, "-c", AXOLOTL_GRPO_CHECK, str(jobs["outside"])], capture_output=True, text=True,
+                            timeout=600, env={**os.environ, **OFFLINE, "PYTHONPATH": str(REPO / "src"),
+                                              "XTRAIN_GRPO_REWARDS": str(jobs["good"])})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"REFUSED RewardError train.rewards: rewards/../evil.py resolves to {tmp_path / 'evil.py'}, outside " \
+           f"{tmp_path / 'rewards'}" in result.stdout
 
 
 @pytest.mark.slow

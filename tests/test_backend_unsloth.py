@@ -1,16 +1,23 @@
-"""The unsloth backend: its refusals, its DPO job, and real SFT and DPO runs in its own environment compared with
-trl_cpu."""
+"""The unsloth backend: its refusals, its DPO and GRPO jobs, and real SFT, DPO and GRPO runs in its own environment
+(SFT and DPO compared with trl_cpu)."""
 
 from __future__ import annotations
 
 import pytest
-from backend_runs import ensure_backend_env, tiny_dpo, train_tiny_dpo_with_backend, train_tiny_recipe_with_backend
+from backend_runs import (
+    ensure_backend_env,
+    tiny_dpo,
+    tiny_grpo,
+    train_tiny_dpo_with_backend,
+    train_tiny_grpo_with_backend,
+    train_tiny_recipe_with_backend,
+)
 from backend_runs import tiny_train as backend_train
 from backend_runs import trl_cpu_dpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
 from conftest import sample_plan
 
 from xtrain.errors import XtrainError
-from xtrain.recipe import Hardware, Lora, Preference, Train
+from xtrain.recipe import Hardware, Lora, Preference, Reward, Rl, Train
 from xtrain.train.backends import registry as backends
 from xtrain.train.backends.contract import TrainJob
 from xtrain.train.backends.registry import get_backend
@@ -88,6 +95,41 @@ def test_kto_and_orpo_jobs_carry_their_own_settings(tmp_path):
         assert "loss_type" not in described["trainer"], "DPO only"
 
 
+def test_a_grpo_job_hands_the_runner_trl_cpus_grpo_arguments_the_prompt_columns_and_the_rewards(tmp_path,
+                                                                                              monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prepared").mkdir()
+    pq.write_table(pa.table({"prompt": ["Q?"], "prompt_ids": [[1, 2]], "answer": ["4"], "row_hash": ["ab"]}),
+                   tmp_path / "prepared" / "train.parquet")
+    train = tiny_grpo("unsloth", rl=Rl(generations=8, kl_weight=0.04, loss_type="bnpo", steps_per_generation=2),
+                      rewards=[Reward(type="answer", weight=2.0),
+                               Reward(type="python", file="rewards/words.py", function="short")])
+    job = TrainJob(tmp_path / "model", tmp_path / "prepared", sample_plan(), train, Hardware(), tmp_path / "out",
+                   tmp_path / "work", None)
+    described = get_backend("unsloth").native(job)["job"]
+    assert described["objective"] == "grpo" and described["columns"] == ["prompt", "answer", "row_hash"]
+    arguments = described["trainer"]
+    assert {key: arguments[key] for key in ("num_generations", "beta", "loss_type", "steps_per_generation",
+                                            "reward_weights", "use_vllm", "disable_dropout")} == {
+        "num_generations": 8, "beta": 0.04, "loss_type": "bnpo", "steps_per_generation": 2,
+        "reward_weights": [2.0, 1.0], "use_vllm": False, "disable_dropout": False}
+    assert "max_length" not in arguments and "packing" not in arguments
+    # The runner builds the guarded rewards from these, the user's file read from the project (the working folder).
+    assert described["rewards"] == [{"type": "answer"},
+                                    {"type": "python", "file": "rewards/words.py", "function": "short"}]
+    assert described["project"] == str(tmp_path.resolve())
+
+
+@pytest.mark.slow
+def test_unsloth_trains_grpo_with_xtrains_rewards(tiny_model, tmp_path, monkeypatch):
+    # TRL's GRPOTrainer as Unsloth patches it, on Unsloth's model and LoRA, for two real steps on the CPU, scored by
+    # xtrain's guarded built-in reward and the project's own reward file, in the runner's interpreter.
+    train_tiny_grpo_with_backend("unsloth", tiny_model, tmp_path, monkeypatch)
+
+
 @pytest.mark.slow
 def test_unsloth_trains_dpo_from_ln2_on_the_prepared_tokens(trl_cpu_dpo_reference, tiny_model, tmp_path, monkeypatch):
     # Unsloth's model and LoRA under the DPOTrainer trl_cpu uses (trainer_parts.preference_trainer), on the same rows.
@@ -113,3 +155,9 @@ def test_the_runners_config_for_one_gpu_is_accepted_by_the_unsloth_environments_
     backend = get_backend("unsloth")
     read_back = backend.validate(job, backend.native(job), tmp_path / "validate")["read_back"]
     assert (read_back["config_class"], read_back["bf16"], read_back["fp16"]) == ("SFTConfig", True, False)
+    # GRPO: the shared arguments with train.rl's, as the unsloth environment's (older) GRPOConfig reads them.
+    grpo = TrainJob(tiny_model, prepared, sample_plan(precision="bf16", weights_dtype="bf16"),
+                    tiny_grpo("unsloth", rl=Rl(kl_weight=0.04, steps_per_generation=2)),
+                    Hardware(accelerator="cuda", gpus=1), tmp_path / "out", tmp_path / "work", None)
+    read_back = backend.validate(grpo, backend.native(grpo), tmp_path / "validate-grpo")["read_back"]
+    assert (read_back["config_class"], read_back["bf16"]) == ("GRPOConfig", True)
