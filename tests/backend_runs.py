@@ -80,12 +80,10 @@ def tiny_grpo(backend: str, **changes) -> Train:
     return Train(**{**TINY_GRPO, "backend": backend, **changes})
 
 
-def train_tiny_grpo_with_backend(backend: str, tiny_model, tmp_path, monkeypatch) -> dict:
-    """Two GRPO steps of the tiny recipe in the backend's own environment, from a project of its own (its rewards/
-    folder; .venvs/ linked to the work tree's): the checkpoint contract, and each step's reward in
-    train_metrics.json as the weighted sum of the two rewards' means, with the KL and completion lengths. Returns
-    train_metrics.json."""
-    ensure_backend_env(backend)
+def grpo_run(backend: str, tiny_model, tmp_path, monkeypatch) -> dict:
+    """Two GRPO steps of the tiny recipe on `backend`, from a project of its own (its rewards/ folder; .venvs/ linked
+    to the work tree's): the checkpoint contract, and each step's reward in train_metrics.json as the weighted sum of
+    the two rewards' means, with the KL, completion lengths and tokens. Returns train_metrics.json."""
     project = tmp_path / "project"
     (project / "rewards").mkdir(parents=True)
     (project / "rewards/words.py").write_text(WORDS)
@@ -113,6 +111,25 @@ def train_tiny_grpo_with_backend(backend: str, tiny_model, tmp_path, monkeypatch
     # Tokens are the prompts' and the completions' the trainer counted: 8 completions a step, after their prompts.
     completions = sum(step["completions/mean_length"] * 8 for step in steps)
     assert completions < metrics["tokens_seen"] <= completions + 16 * manifest["splits"]["train"]["max_len"]
+    return metrics
+
+
+@pytest.fixture(scope="session")
+def trl_cpu_grpo_reference(tiny_model, tmp_path_factory) -> dict:
+    """train_metrics.json of trl_cpu on the tiny GRPO recipe."""
+    with pytest.MonkeyPatch.context() as patch:
+        return grpo_run("trl_cpu", tiny_model, tmp_path_factory.mktemp("trl_cpu_grpo_reference"), patch)
+
+
+def train_tiny_grpo_with_backend(backend: str, reference: dict, tiny_model, tmp_path, monkeypatch) -> dict:
+    """`grpo_run` in the backend's own environment, whose first step must score as trl_cpu's: the same seed samples
+    the same prompts and completions from the same model, which the same rewards score (the policy moves only from
+    step 1's update on)."""
+    ensure_backend_env(backend)
+    metrics = grpo_run(backend, tiny_model, tmp_path, monkeypatch)
+    first, expected = metrics["rl"][0], reference["rl"][0]
+    for key in ("reward", "rewards/format/mean", "rewards/rewards/words.py:short/mean", "completions/mean_length"):
+        assert first[key] == pytest.approx(expected[key], abs=1e-6), f"step 1 {key}: {first[key]} vs trl_cpu {expected[key]}"
     return metrics
 
 

@@ -17,7 +17,7 @@ from backend_runs import (
     train_tiny_recipe_with_backend,
 )
 from backend_runs import tiny_train as backend_train
-from backend_runs import trl_cpu_dpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
+from backend_runs import trl_cpu_dpo_reference, trl_cpu_grpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
 from conftest import REPO, sample_plan
 
 from xtrain.data import prepare
@@ -430,8 +430,9 @@ def test_axolotl_imports_xtrains_trainer_and_guarded_rewards_and_refuses_a_rewar
 
 
 @pytest.mark.slow
-def test_axolotl_trains_grpo_with_xtrains_rewards(tiny_model, tmp_path, monkeypatch):
+def test_axolotl_trains_grpo_with_xtrains_rewards(trl_cpu_grpo_reference, tiny_model, tmp_path,
+                                                monkeypatch):
     # Axolotl's `rl: grpo` (TRL 1.9's GRPOTrainer under Axolotl's trainer) for two real steps on the CPU, scored by
     # xtrain's guarded built-in reward and the project's own reward file, imported in Axolotl's process by the
-    # dotted paths of its config.
-    train_tiny_grpo_with_backend("axolotl", tiny_model, tmp_path, monkeypatch)
+    # dotted paths of its config; step 1 scores as trl_cpu's.
+    train_tiny_grpo_with_backend("axolotl", trl_cpu_grpo_reference, tiny_model, tmp_path, monkeypatch)

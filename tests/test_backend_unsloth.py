@@ -13,7 +13,7 @@ from backend_runs import (
     train_tiny_recipe_with_backend,
 )
 from backend_runs import tiny_train as backend_train
-from backend_runs import trl_cpu_dpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
+from backend_runs import trl_cpu_dpo_reference, trl_cpu_grpo_reference, trl_cpu_reference  # noqa: F401 (fixtures)
 from conftest import sample_plan
 
 from xtrain.errors import XtrainError
@@ -124,10 +124,12 @@ def test_a_grpo_job_hands_the_runner_trl_cpus_grpo_arguments_the_prompt_columns_
 
 
 @pytest.mark.slow
-def test_unsloth_trains_grpo_with_xtrains_rewards(tiny_model, tmp_path, monkeypatch):
-    # TRL's GRPOTrainer as Unsloth patches it, on Unsloth's model and LoRA, for two real steps on the CPU, scored by
-    # xtrain's guarded built-in reward and the project's own reward file, in the runner's interpreter.
-    train_tiny_grpo_with_backend("unsloth", tiny_model, tmp_path, monkeypatch)
+def test_unsloth_trains_grpo_with_xtrains_rewards(trl_cpu_grpo_reference, tiny_model, tmp_path,
+                                                monkeypatch):
+    # Unsloth's model and LoRA under TRL 1.15's GRPOTrainer (on the CPU Unsloth leaves it unpatched: its patched
+    # trainer is for GPUs) for two real steps, scored by xtrain's guarded built-in reward and the project's own
+    # reward file in the runner's interpreter; step 1 scores as trl_cpu's.
+    train_tiny_grpo_with_backend("unsloth", trl_cpu_grpo_reference, tiny_model, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow

@@ -83,7 +83,8 @@ def main(job_path: str) -> None:
     dataset = Dataset.from_parquet(job["train_parquet"]).select_columns(job["columns"])
     # The same saves, checkpoint markers and row order per step as trl_cpu: the same seed trains on the same rows.
     # A preference trainer's reference is the model with Unsloth's adapter disabled, as in trl_cpu. GRPO's trainer
-    # is TRL's GRPOTrainer as Unsloth patched it on import, scoring with the guarded rewards trl_cpu uses.
+    # is TRL's GRPOTrainer (which Unsloth patched on import on a GPU; on the CPU it is TRL's own), scoring with the
+    # guarded rewards trl_cpu uses.
     trainer_class, extra = trainer_parts.step_grouped(SFTTrainer), {}
     if objective == "grpo":
         trainer_class = grpo_trainer()
