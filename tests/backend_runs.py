@@ -129,7 +129,7 @@ def train_tiny_grpo_with_backend(backend: str, reference: dict, tiny_model, tmp_
     metrics = grpo_run(backend, tiny_model, tmp_path, monkeypatch)
     first, expected = metrics["rl"][0], reference["rl"][0]
     for key in ("reward", "rewards/format/mean", "rewards/rewards/words.py:short/mean", "completions/mean_length"):
-        assert first[key] == pytest.approx(expected[key], abs=1e-6), f"step 1 {key}: {first[key]} vs trl_cpu {expected[key]}"
+        assert first[key] == pytest.approx(expected[key], abs=1e-6), f"step 1 {key}: {first[key]} vs {expected[key]}"
     return metrics
 
 

@@ -5,9 +5,10 @@ The backend owns the translation recipe + plan -> Axolotl YAML (`axolotl_config`
 tokens into the form Axolotl reads (SFT: pre-tokenized input_ids / attention_mask / labels, -100 on unsupervised
 tokens; DPO and KTO, `rl: dpo | kto`: text that TRL's trainers tokenize again, checked to give back the prepared
 ids by `preference_text`; GRPO, `rl: grpo`: the rendered prompt text and the columns the rewards read, with the
-trainer and rewards named by dotted path in `xtrain_backend_side.axolotl_grpo`), the launch (one process, or torchrun with one process per GPU or CPU process, under
-`srun` on several nodes: what `axolotl train --launcher torchrun` runs), and the normalisation of Axolotl's output
-(trainer_state.json, the adapter or model it saves) into the checkpoint contract.
+trainer and rewards named by dotted path in `xtrain_backend_side.axolotl_grpo`), the launch (one process, or torchrun
+with one process per GPU or CPU process, under `srun` on several nodes: what `axolotl train --launcher torchrun`
+runs), and the normalisation of Axolotl's output (trainer_state.json, the adapter or model it saves) into the
+checkpoint contract.
 """
 
 from __future__ import annotations

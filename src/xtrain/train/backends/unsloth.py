@@ -1,6 +1,6 @@
 """`unsloth`: Unsloth's FastLanguageModel (+ its LoRA) trained by TRL's SFTTrainer, or its DPO, KTO, ORPO or GRPO
-trainer (GRPO: TRL's GRPOTrainer, generating with transformers' `generate`, which Unsloth patches on a GPU and leaves as
-it is on the CPU), in the backend's own environment.
+trainer (GRPO: TRL's GRPOTrainer, generating with transformers' `generate`, which Unsloth patches on a GPU and
+leaves as it is on the CPU), in the backend's own environment.
 
 The backend writes a JSON job (model, prepared train split, LoRA settings, the objective and the TRL config arguments
 it shares with trl_cpu, so both backends train with the same settings on the same tokens) and launches
