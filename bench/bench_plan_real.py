@@ -1,6 +1,6 @@
 """Does the plan hold on real train-stage runs? Predicted against measured train time and peak host memory.
 
-    .venv/bin/python bench/bench_plan_real.py time [--configs lora-256 ...]    # ~4 min per configuration, 2 cores
+    .venv/bin/python bench/bench_plan_real.py time [--configs lora-256 ...] [--steps N]  # ~4 min per configuration, 2 cores
     .venv/bin/python bench/bench_plan_real.py memory [--configs lora-256 ...]  # ~1 min per configuration
 
 Every run is the real train stage (`xtrain.train.run_training`, trl_cpu, length-grouped batches) in a fresh
@@ -8,12 +8,13 @@ process under the allocator the train job gets (`xtrain.train.allocator`: TCMall
 has them) and with no MALLOC_* variable, trained on a plan made for this machine as the plan stage makes it
 (`make_plan`, the recorded CPU probe). Measured: the trainer's runtime (train_metrics.json `trainer_runtime_seconds`:
 every step and the trainer checkpoints saved during the run, not loading the model) and the process's peak RSS
-(the child's ru_maxrss); predicted: the plan's `time.seconds` and its host-memory request `resources.mem_mb`.
+(the child's ru_maxrss); predicted: the plan's `time.seconds`, its host-memory request `resources.mem_mb` and the
+peak RSS that request adds its margin to (`mem_mb` / HOST_REQUEST_MARGIN).
 
 `time`: SmolLM2-135M-Instruct (needs models/SmolLM2-135M-Instruct: `make showcase`, or `snakemake
 models/SmolLM2-135M-Instruct`) in the showcase recipe (SmolLM2's stock template, the alpaca demo file, LoRA on all
 seven linear layers) with method, seq_len, packing and global batch changed, cut to about TARGET_SECONDS of training
-by the plan's own prediction (at least MIN_STEPS steps).
+by the plan's own prediction (at least MIN_STEPS steps), or to `--steps`.
 `memory`: the 27M Llama of bench_plan (random-init, demo tokenizer) on ROWS random rows whose lengths are spread
 evenly between a quarter of seq_len and seq_len, so that batches take many shapes, for STEPS_27M steps.
 """
@@ -41,8 +42,9 @@ SMOLLM2 = {  # name: (method, seq_len, packing, global batch)
     "lora-1024-packed": ("lora", 1024, True, 4),
     "full-256-packed": ("full", 256, True, 4),
     "full-1024": ("full", 1024, False, 4),
+    "qlora-256": ("qlora", 256, False, 8),
 }
-ROWS, STEPS_27M = 512, 24
+ROWS, STEPS_27M, LOG_STEPS_27M = 512, 24, 4
 MODEL_27M = {  # name: (method, seq_len, global batch)
     "lora-256": ("lora", 256, 8), "lora-512": ("lora", 512, 8), "full-256": ("full", 256, 8), "full-512": ("full", 512, 8),
     "qlora-256": ("qlora", 256, 8), "qlora-512": ("qlora", 512, 8),
@@ -81,8 +83,10 @@ def train_and_measure(model: Path, prepared: Path, manifest: dict, train, work: 
     if peak_kib <= before:
         raise SystemExit("an earlier run's peak hides this one's: run one configuration per invocation")
     metrics = read_json(work / "checkpoint" / "train_metrics.json")
+    losses = [entry["loss"] for entry in metrics["loss"]]
     return {"plan": plan, "measured": metrics["trainer_runtime_seconds"], "peak_mib": peak_kib / 1024,
-            "tokens_per_second": metrics["tokens_per_second"], "steps": train.max_steps}
+            "tokens_per_second": metrics["tokens_per_second"], "steps": train.max_steps,
+            "loss": f"{losses[0]:.2f} → {losses[-1]:.2f}"}
 
 
 def settings(plan) -> str:
@@ -90,7 +94,14 @@ def settings(plan) -> str:
             f"{', checkpointing' if plan.gradient_checkpointing else ''}{', compiled' if plan.compile.mode else ''}")
 
 
-def smollm2_run(name: str, work: Path) -> str:
+def predicted_rss_mib(plan) -> float:
+    """The peak RSS the plan predicts: its host-memory request without the request's margin."""
+    from xtrain.plan.planner import HOST_REQUEST_MARGIN
+
+    return plan.resources.mem_mb / HOST_REQUEST_MARGIN
+
+
+def smollm2_run(name: str, work: Path, steps: int | None = None) -> str:
     from xtrain.data.pipeline import prepare
     from xtrain.plan import make_plan
     from xtrain.recipe import Train, load_recipe
@@ -103,13 +114,14 @@ def smollm2_run(name: str, work: Path) -> str:
     train = Train.model_validate({**recipe.train.model_dump(exclude={"lora"} if method == "full" else set()),
                                   "method": method, "global_batch_size": batch, "report_to": [], "max_steps": MIN_STEPS})
     per_step = make_plan(model, manifest, train, recipe.hardware).time.seconds_per_step
-    train = train.model_copy(update={"max_steps": max(MIN_STEPS, math.ceil(TARGET_SECONDS / per_step))})
+    train = train.model_copy(update={"max_steps": steps or max(MIN_STEPS, math.ceil(TARGET_SECONDS / per_step))})
     result = train_and_measure(model, work / "prepared", manifest, train, work)
     plan = result["plan"]
     return (f"| {method} | {seq_len} | {'packed' if packing else 'not packed'} | {batch} | {result['steps']} | "
             f"{plan.data.mean_sequence_tokens:.0f} | {settings(plan)} | {plan.time.seconds:,.0f} | "
             f"{result['measured']:,.0f} | **{plan.time.seconds / result['measured']:.2f}** | "
-            f"{result['tokens_per_second']:,.0f} |")
+            f"{result['tokens_per_second']:,.0f} | {result['loss']} | {predicted_rss_mib(plan):,.0f} | "
+            f"{result['peak_mib']:,.0f} | **{predicted_rss_mib(plan) / result['peak_mib']:.2f}** |")
 
 
 def varied_rows(folder: Path, seq_len: int) -> dict:
@@ -142,36 +154,41 @@ def model_27m_run(name: str, work: Path) -> str:
     method, seq_len, batch = MODEL_27M[name]
     model = model_with_tokenizer(work)
     manifest = varied_rows(work / "prepared", seq_len)
-    train = Train(method=method, global_batch_size=batch, max_steps=STEPS_27M, report_to=[], logging_steps=STEPS_27M)
+    train = Train(method=method, global_batch_size=batch, max_steps=STEPS_27M, report_to=[], logging_steps=LOG_STEPS_27M)
     result = train_and_measure(model, work / "prepared", manifest, train, work)
     plan = result["plan"]
     return (f"| {method} | {seq_len} | {batch} | {STEPS_27M} | {settings(plan)} | "
             f"{plan.memory.peak_bytes_per_device / MIB:,.0f} | {result['peak_mib']:,.0f} | {plan.resources.mem_mb:,} | "
             f"**{plan.resources.mem_mb / result['peak_mib']:.2f}** | {plan.time.seconds:,.0f} | {result['measured']:,.0f} | "
-            f"{plan.time.seconds / result['measured']:.2f} |")
+            f"{plan.time.seconds / result['measured']:.2f} | {result['loss']} | {predicted_rss_mib(plan):,.0f} | "
+            f"**{predicted_rss_mib(plan) / result['peak_mib']:.2f}** |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", choices=["time", "memory"])
     parser.add_argument("--configs", nargs="+", help=f"time: {', '.join(SMOLLM2)}; memory: {', '.join(MODEL_27M)}")
+    parser.add_argument("--steps", type=int, help="time: train this many steps instead of about TARGET_SECONDS")
     args = parser.parse_args()
     started = time.time()
     if args.table == "time":
         configs, run = args.configs or list(SMOLLM2), smollm2_run
         print("| method | seq_len | packing | global batch | steps | mean row tokens | plan's settings | predicted s | "
-              "measured s | predicted / measured | tokens/s |")
-        print("| --- " * 11 + "|")
+              "measured s | predicted / measured | tokens/s | loss first → last | predicted peak RSS MiB | peak RSS MiB | "
+              "predicted / peak |")
+        print("| --- " * 15 + "|")
     else:
         configs, run = args.configs or list(MODEL_27M), model_27m_run
         print("| method | seq_len | global batch | steps | plan's settings | traced step peak MiB | peak RSS MiB | "
-              "plan mem_mb | request / peak | predicted s | measured s | predicted / measured |")
-        print("| --- " * 12 + "|")
+              "plan mem_mb | request / peak | predicted s | measured s | predicted / measured | loss first → last | "
+              "predicted peak RSS MiB | predicted / peak |")
+        print("| --- " * 15 + "|")
     for name in configs:
         with tempfile.TemporaryDirectory(prefix=f"xtrain-{args.table}-{name}-") as folder:
             # One fresh process per configuration: ru_maxrss of this process's children is their highest peak.
-            one = subprocess.run([sys.executable, __file__, "--one", args.table, name, folder], capture_output=True,
-                                 text=True)
+            steps = [str(args.steps)] if args.table == "time" and args.steps else []
+            one = subprocess.run([sys.executable, __file__, "--one", args.table, name, folder, *steps],
+                                 capture_output=True, text=True)
             if one.returncode:
                 raise SystemExit(f"{name} failed:\n{one.stderr[-3000:]}")
             print(one.stdout.strip().splitlines()[-1], flush=True)
@@ -182,7 +199,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        table, name, folder = sys.argv[2:5]
-        print((smollm2_run if table == "time" else model_27m_run)(name, Path(folder)))
+        table, name, folder, *steps = sys.argv[2:]
+        print(smollm2_run(name, Path(folder), int(steps[0]) if steps else None) if table == "time"
+              else model_27m_run(name, Path(folder)))
     else:
         main()
