@@ -102,12 +102,7 @@ def grpo_run(backend: str, tiny_model, tmp_path, monkeypatch) -> dict:
     assert (checkpoint / "adapter_model.safetensors").is_file()
     steps = metrics["rl"]
     assert metrics["steps"] == 2 and [step["step"] for step in steps] == [1, 2]
-    for step in steps:
-        format_mean, words_mean = step["rewards/format/mean"], step["rewards/rewards/words.py:short/mean"]
-        assert 0 <= format_mean <= 1 and -0.8 <= words_mean <= 0
-        assert step["reward"] == pytest.approx(format_mean + 0.5 * words_mean, abs=1e-5)  # summed by weight
-        assert 0 < step["completions/mean_length"] <= 8
-        assert step["kl"] >= 0  # logged with train.rl.kl_weight above 0
+    assert_each_step_rewarded(steps)
     # Tokens are the prompts' and the completions' the trainer counted: 8 completions a step, after their prompts.
     completions = sum(step["completions/mean_length"] * 8 for step in steps)
     assert completions < metrics["tokens_seen"] <= completions + 16 * manifest["splits"]["train"]["max_len"]
@@ -187,3 +182,14 @@ def train_tiny_dpo_with_backend(backend: str, reference: dict | None, tiny_model
         for key in ("logps/chosen", "logps/rejected"):
             assert first[key] == pytest.approx(reference[key], rel=1e-4), f"{key}: {first[key]} vs {reference[key]}"
     return first
+
+
+def assert_each_step_rewarded(steps: list[dict]) -> None:
+    """Each logged GRPO step of the tests' recipe (a format reward and rewards/words.py:short at weight 0.5, KL weight
+    above 0, completions of at most 8 tokens): the rewards' means, their weighted sum, KL and completion length."""
+    for step in steps:
+        format_mean, words_mean = step["rewards/format/mean"], step["rewards/rewards/words.py:short/mean"]
+        assert 0 <= format_mean <= 1 and -0.8 <= words_mean <= 0
+        assert step["reward"] == pytest.approx(format_mean + 0.5 * words_mean, abs=1e-5)  # summed by weight
+        assert 0 < step["completions/mean_length"] <= 8
+        assert step["kl"] >= 0  # logged with train.rl.kl_weight above 0

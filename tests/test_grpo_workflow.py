@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from backend_runs import assert_each_step_rewarded
 from checkpoint_contract import assert_checkpoint_contract
 from conftest import copy_workflow, scheduled_jobs, snakemake
 
@@ -62,12 +63,7 @@ def test_grpo_checkpoint_meets_the_contract_and_records_each_steps_rewards(proje
     metrics = assert_checkpoint_contract(project / "checkpoints/grpo", tiny_model, "trl_cpu")
     steps = metrics["rl"]
     assert [step["step"] for step in steps] == [1, 2, 3]
-    for step in steps:
-        format_mean, words_mean = step["rewards/format/mean"], step["rewards/rewards/words.py:short/mean"]
-        assert 0 <= format_mean <= 1 and -0.8 <= words_mean <= 0
-        assert step["reward"] == pytest.approx(format_mean + 0.5 * words_mean, abs=1e-5)  # summed by weight
-        assert 0 < step["completions/mean_length"] <= 8
-        assert step["kl"] >= 0  # logged with train.rl.kl_weight above 0
+    assert_each_step_rewarded(steps)
     # Tokens are the prompts' and the completions' TRL counted: 24 completions of at most 8 tokens, after prompts.
     prompts = json.loads((project / "prepared/grpo/manifest.json").read_text())["splits"]["train"]
     completions = sum(step["completions/mean_length"] * 8 for step in steps)

@@ -24,7 +24,6 @@ import yaml
 from xtrain_backend_side import BACKEND_SIDE_PATH
 from xtrain_backend_side.axolotl_grpo import REWARD_PREFIX, REWARDS_JOB
 from xtrain_backend_side.prepared import INPUT_IDS, LOSS_MASK, PROMPT_IDS, labels, split_file
-from xtrain_backend_side.rewards import weights
 
 from ...artifacts import read_json, write_json
 from ...errors import XtrainError
@@ -36,7 +35,7 @@ from .capabilities import CAPABILITIES
 from .contract import PLANNED_HARDWARE, TrainJob, TrainResult, save_steps
 from .distributed import decoder_blocks, found_device, slurm_placeholders, torchrun_command
 from .preference_text import export_text
-from .trl_grpo import reward_specs
+from .trl_grpo import reward_specs, sampling_and_loss
 from .validation import device_probe, validated
 
 log = logging.getLogger(__name__)
@@ -146,19 +145,10 @@ def grpo_config(job: TrainJob) -> dict[str, Any]:
     """Axolotl's `rl: grpo` keys: train.rl in its `trl:` section, the rewards as dotted paths with their weights,
     and the trainer that tokenizes the prepared prompts as they are."""
     rl, layout = job.train.rl, job.plan.layout
-    trl: dict[str, Any] = {
-        "num_generations": rl.generations,
-        "max_completion_length": rl.max_completion_length,
-        "temperature": rl.temperature,
-        "top_p": rl.top_p,
-        "beta": rl.kl_weight,
-        "epsilon": rl.clip_epsilon,
-        "loss_type": rl.loss_type,
+    trl: dict[str, Any] = sampling_and_loss(job.train) | {
         # TRL's default, which trl_cpu keeps (Axolotl's own default is its older spelling, True).
         "scale_rewards": "group",
         "reward_funcs": [f"{GRPO_MODULE}.{REWARD_PREFIX}{index}" for index in range(len(job.train.rewards))],
-        "reward_weights": weights(reward.model_dump() for reward in job.train.rewards),
-        "use_vllm": False,
     }
     if rl.steps_per_generation:
         # Axolotl exposes TRL's generation_batch_size, not steps_per_generation: TRL's own relation between them.

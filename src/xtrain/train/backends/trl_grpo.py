@@ -31,11 +31,11 @@ SFT_ONLY_ARGUMENTS = ("max_length", "packing", "padding_free", "train_sampling_s
 assert {f"train.rl.{name}" for name in Rl.model_fields} <= set(GRPO_FIELDS)
 
 
-def grpo_arguments(train, sft: dict) -> dict:
-    """`GRPOConfig` keyword arguments: the SFT ones less those of supervised sequences, and train.rl's."""
+def sampling_and_loss(train) -> dict:
+    """train.rl's sampling and loss as TRL's `GRPOConfig` names them (Axolotl's `trl:` section takes the same keys),
+    with the rewards' weights; no vLLM."""
     rl = train.rl
-    arguments = {key: value for key, value in sft.items() if key not in SFT_ONLY_ARGUMENTS}
-    return arguments | {
+    return {
         "num_generations": rl.generations,
         "max_completion_length": rl.max_completion_length,
         "temperature": rl.temperature,
@@ -43,11 +43,18 @@ def grpo_arguments(train, sft: dict) -> dict:
         "beta": rl.kl_weight,
         "epsilon": rl.clip_epsilon,
         "loss_type": rl.loss_type,
-        "steps_per_generation": rl.steps_per_generation,
         "reward_weights": weights(reward.model_dump() for reward in train.rewards),
+        "use_vllm": False,
+    }
+
+
+def grpo_arguments(train, sft: dict) -> dict:
+    """`GRPOConfig` keyword arguments: the SFT ones less those of supervised sequences, and train.rl's."""
+    arguments = {key: value for key, value in sft.items() if key not in SFT_ONLY_ARGUMENTS}
+    return arguments | sampling_and_loss(train) | {
+        "steps_per_generation": train.rl.steps_per_generation,
         # The recipe's LoRA dropout is kept, as for the preference objectives; vLLM is not used (module docstring).
         "disable_dropout": False,
-        "use_vllm": False,
         # Rows are sampled by TRL's own sampler, each prompt repeated for its generations.
         "shuffle_dataset": True,
         # GRPOTrainer counts the prompt and completion tokens of each generation itself (state.num_input_tokens_seen,
