@@ -1,6 +1,6 @@
 """Does the plan hold on real train-stage runs? Predicted against measured train time and peak host memory.
 
-    .venv/bin/python bench/bench_plan_real.py time [--configs lora-256 ...] [--steps N]  # ~4 min per configuration, 2 cores
+    .venv/bin/python bench/bench_plan_real.py time [--configs lora-256 ...] [--steps N]  # ~4 min per configuration
     .venv/bin/python bench/bench_plan_real.py memory [--configs lora-256 ...]  # ~1 min per configuration
 
 Every run is the real train stage (`xtrain.train.run_training`, trl_cpu, length-grouped batches) in a fresh
@@ -154,7 +154,8 @@ def model_27m_run(name: str, work: Path) -> str:
     method, seq_len, batch = MODEL_27M[name]
     model = model_with_tokenizer(work)
     manifest = varied_rows(work / "prepared", seq_len)
-    train = Train(method=method, global_batch_size=batch, max_steps=STEPS_27M, report_to=[], logging_steps=LOG_STEPS_27M)
+    train = Train(method=method, global_batch_size=batch, max_steps=STEPS_27M, report_to=[],
+                  logging_steps=LOG_STEPS_27M)
     result = train_and_measure(model, work / "prepared", manifest, train, work)
     plan = result["plan"]
     return (f"| {method} | {seq_len} | {batch} | {STEPS_27M} | {settings(plan)} | "
@@ -174,8 +175,8 @@ def main() -> None:
     if args.table == "time":
         configs, run = args.configs or list(SMOLLM2), smollm2_run
         print("| method | seq_len | packing | global batch | steps | mean row tokens | plan's settings | predicted s | "
-              "measured s | predicted / measured | tokens/s | loss first → last | predicted peak RSS MiB | peak RSS MiB | "
-              "predicted / peak |")
+              "measured s | predicted / measured | tokens/s | loss first → last | predicted peak RSS MiB | "
+              "peak RSS MiB | predicted / peak |")
         print("| --- " * 15 + "|")
     else:
         configs, run = args.configs or list(MODEL_27M), model_27m_run
