@@ -1,6 +1,6 @@
 """Benchmark of the GRPO demo (not a test): does its mean reward rise within a few CPU minutes?
 
-    .venv/bin/python bench/bench_grpo_demo.py [--recipe recipes/rl/demo_grpo.yaml] [--set train.max_steps=20 ...] [--unset train.lora]
+    .venv/bin/python bench/bench_grpo_demo.py [--recipe recipes/demo_grpo.yaml] [--set train.max_steps=20 ...] [--unset train.lora]
 
 The recipe (with each `--set dotted.field=YAML value` applied) is prepared, planned and trained through the library
 as its Snakemake jobs would, on the embedded demo model (built once into --work). Printed: each step's mean reward
@@ -50,7 +50,7 @@ def fifths(values: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes/rl/demo_grpo.yaml")
+    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes/demo_grpo.yaml")
     parser.add_argument("--set", action="append", default=[], dest="changes", metavar="FIELD=VALUE")
     parser.add_argument("--unset", action="append", default=[], dest="removals", metavar="FIELD")
     parser.add_argument("--work", type=Path, default=Path("/tmp/xtrain-bench-grpo"))

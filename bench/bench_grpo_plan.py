@@ -7,7 +7,7 @@
 criteria, cache bookkeeping), counted on real tensors: (ops of generating N tokens - ops of generating 1) / (N - 1)
 minus one decode forward's ops (as the plan traces it). The plan's `generation.GENERATE_LOOP_OPS` comes from here.
 
-`run`: recipes/rl/demo_grpo.yaml (data/demo/prompts.jsonl, its rewards) with each configuration's method (LoRA: r 16
+`run`: recipes/demo_grpo.yaml (data/demo/prompts.jsonl, its rewards) with each configuration's method (LoRA: r 16
 on the seven linear layers), KL weight, completion length and batch, prepared and planned for this machine as the plan stage does (`make_plan`, the recorded
 CPU probe), then trained by the real train stage (`run_training`, trl_cpu) in a fresh process under the train job's
 allocator. Measured: the trainer's runtime per step (train_metrics.json `trainer_runtime_seconds`, every step's
@@ -32,7 +32,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-RECIPE = ROOT / "recipes/rl/demo_grpo.yaml"
+RECIPE = ROOT / "recipes/demo_grpo.yaml"
 CONFIGS = {  # name: (method, kl_weight, max_completion_length, global batch (completions), generations)
     "lora-kl0": ("lora", 0.0, 8, 16, 4),
     "lora-kl0.05": ("lora", 0.05, 8, 16, 4),
@@ -106,7 +106,7 @@ def recipe_for(name: str):
                       "rl": {**data["train"]["rl"], "kl_weight": kl, "max_completion_length": completion,
                              "generations": generations}}
     data["train"].pop("lora", None)
-    if method == "lora":  # as recipes/rl/demo_grpo.yaml trained before it became a full fine-tune (26458ec)
+    if method == "lora":  # as recipes/demo_grpo.yaml trained before it became a full fine-tune (26458ec)
         data["train"]["lora"] = LORA
     return Recipe.model_validate(data)
 

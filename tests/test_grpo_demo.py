@@ -1,4 +1,4 @@
-"""The GRPO demo (recipes/rl/demo_grpo.yaml) as it is, through real `snakemake`: its mean reward over the last fifth
+"""The GRPO demo (recipes/demo_grpo.yaml) as it is, through real `snakemake`: its mean reward over the last fifth
 of its steps is above the first fifth's (issue 38's proof that the demo learns), and the arithmetic problems of the
 GRPO showcase are the ones their seeded script writes."""
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import REPO, copy_workflow, scheduled_jobs, snakemake
 
-DEMO = REPO / "recipes/rl/demo_grpo.yaml"
+DEMO = REPO / "recipes/demo_grpo.yaml"
 
 
 def fifths(values: list[float]) -> tuple[float, float]:
