@@ -8,6 +8,9 @@ from pathlib import Path
 
 from xtrain_backend_side.prepared import IGNORE_INDEX, INPUT_IDS, LOSS_MASK, labels, split_file
 
+# Positions whose float32 log-softmax is taken at once when scoring (row_nll).
+NLL_POSITIONS = 256
+
 
 def load_eval_split(prepared_dir: Path) -> tuple[list[list[int]], list[list[int]], list[str]]:
     from datasets import Dataset
@@ -47,12 +50,18 @@ def row_nll(model, input_ids, masks, batch_size: int, pad_id: int, advance: Call
                 attention[i, : len(row)] = 1
                 targets[i, : len(row)] = torch.tensor(labels(row, mask))
             logits = model(input_ids=ids.to(model.device), attention_mask=attention.to(model.device),
-                           use_cache=False).logits.float()
-            # Position t predicts token t+1.
+                           use_cache=False).logits
+            # Position t predicts token t+1. The log-softmax runs in float32 over a few positions at a time: over the
+            # whole batch at once it holds several copies of batch x length x vocabulary (4 GiB each for 4 rows of
+            # 2,048 tokens and Llama 3's 128k vocabulary).
             targets = targets[:, 1:].to(logits.device)
-            nll = F.cross_entropy(
-                logits[:, :-1].transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none"
-            ).sum(dim=1)
+            nll = torch.zeros(len(rows), dtype=torch.float32, device=logits.device)
+            for begin in range(0, width - 1, NLL_POSITIONS):
+                end = min(begin + NLL_POSITIONS, width - 1)
+                nll += F.cross_entropy(
+                    logits[:, begin:end].float().flatten(0, 1), targets[:, begin:end].flatten(),
+                    ignore_index=IGNORE_INDEX, reduction="none",
+                ).view(len(rows), end - begin).sum(dim=1)
             counts = (targets != IGNORE_INDEX).sum(dim=1)
             for i, row in enumerate(order[start : start + batch_size]):
                 out[row] = (nll[i].item(), int(counts[i]))
