@@ -29,7 +29,7 @@ def real_step(model_dir: Path, train, micro: int, seq_len: int) -> dict[str, int
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from xtrain.plan.memory import BREAKDOWN_KEYS, REFTYPE_TO_KEY, TrainableMemTracker
+    from xtrain.plan.memory import TrainableMemTracker, peak_breakdown
 
     torch.manual_seed(0)
     quantized = {}
@@ -57,11 +57,7 @@ def real_step(model_dir: Path, train, micro: int, seq_len: int) -> dict[str, int
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             tracker.reset_mod_stats()
-    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0)
-    for reftype, key in REFTYPE_TO_KEY.items():
-        breakdown[key] += peak[next(r for r in peak if getattr(r, "value", r) == reftype)]
-    return breakdown
+    return peak_breakdown(tracker)
 
 
 def main() -> None:

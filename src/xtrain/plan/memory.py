@@ -110,11 +110,16 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 tracker.reset_mod_stats()
+    return Trace(peak_breakdown(tracker), tracker.flops, tracker.ops)
+
+
+def peak_breakdown(tracker) -> dict[str, int]:
+    """A MemTracker's peak bytes, summed into the plan's breakdown keys."""
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0)
     for reftype, key in REFTYPE_TO_KEY.items():
         breakdown[key] += peak[next(r for r in peak if getattr(r, "value", r) == reftype)]
-    return Trace(breakdown, tracker.flops, tracker.ops)
+    return breakdown
 
 
 def torch_dtype(name: str):
