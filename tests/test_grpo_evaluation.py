@@ -5,6 +5,7 @@ end-of-run summary's reward lines."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -64,7 +65,10 @@ def test_answers_are_scored_by_the_training_rewards_as_trl_calls_them(tmp_path):
     # "#### 72" + the stop token: 8 tokens, 4 over max_tokens 4 -> -1; "it is 15": 8 tokens -> -1 as well.
     assert scored == [{"answer": 1.0, "format": 1.0, "length": -1.0, "rewards/mine.py:score": 0.5},
                       {"answer": 0.0, "format": 0.0, "length": -1.0, "rewards/mine.py:score": 0.0}]
-    call = next(v for k, v in sys.modules.items() if k.startswith("xtrain_reward_")).CALLS[-1]
+    # This file's module: other tests of the same process load reward files of their own.
+    mine = str((tmp_path / "rewards/mine.py").resolve())
+    call = next(module for name, module in sys.modules.items()
+                if name.startswith("xtrain_reward_") and str(Path(module.__file__).resolve()) == mine).CALLS[-1]
     assert call["prompts"] == [row["prompt"] for row in rows]  # the rendered prompt text
     assert call["completion_ids"] == [a["ids"] for a in answers]  # the stop token included, as TRL passes them
     assert call["trainer_state"] is None and call["log_metric"] is None  # nothing trains here

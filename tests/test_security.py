@@ -132,9 +132,10 @@ def schema_fields(section: type[BaseModel], prefix: str = "") -> dict[str, Field
     return fields
 
 
-def recipe_naming(model: str, data: str, tasks: str) -> dict:
+def recipe_naming(model: str, data: str, tasks: str, reward: str) -> dict:
     """A recipe that sets every path field of the schema (the coverage test fails when one is added and not here)."""
     return {"model": {"path": model}, "data": {"sources": [{"path": data}]},
+            "train": {"objective": "grpo", "rewards": [{"type": "python", "file": reward, "function": "score"}]},
             "eval": {"lm_eval": {"tasks": ["t"], "include_path": tasks}}}
 
 
@@ -148,14 +149,21 @@ def test_every_path_field_of_the_schema_declares_itself_and_is_confined(tmp_path
     (project / "model/config.json").write_text("{}")
     (project / "data.jsonl").write_text("{}\n")
     (project / "tasks").mkdir()
+    (project / "rewards").mkdir()
+    (project / "rewards/mine.py").write_text("def score(completions, **kwargs):\n    return [0.0] * len(completions)\n")
     outside.mkdir()
-    inside = {"model.path": "model", "data.sources.path": "data.jsonl", "eval.lm_eval.include_path": "tasks"}
+    inside = {"model.path": "model", "data.sources.path": "data.jsonl", "eval.lm_eval.include_path": "tasks",
+              "train.rewards.file": "rewards/mine.py"}
     recipe = parse_recipe(recipe_naming(*inside.values()), "r.yaml")
     assert {re.sub(r"\[\d+\]", "", field) for field, _ in recipe_paths(recipe)} == marked == set(inside)
     check_recipe_paths(recipe, "r.yaml", project)
     for field in marked:  # each one alone outside the project is refused, naming it
-        recipe = parse_recipe(recipe_naming(*{**inside, field: str(outside)}.values()), "r.yaml")
-        with pytest.raises(RecipeError, match=re.escape(field.replace("sources.", "sources[0].")) + ".*outside"):
+        listed = field.replace("sources.", "sources[0].")
+        # A reward file is held to the project's rewards/ folder by the schema itself.
+        refusal = (r"train\.rewards\[0\]: file .*reward code lives in the project's rewards/ folder"
+                   if field == "train.rewards.file" else re.escape(listed) + ".*outside")
+        with pytest.raises(RecipeError, match=refusal):
+            recipe = parse_recipe(recipe_naming(*{**inside, field: str(outside)}.values()), "r.yaml")
             check_recipe_paths(recipe, "r.yaml", project)
 
 

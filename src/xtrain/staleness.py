@@ -26,14 +26,16 @@ OUTPUTS = {"prepare": "prepared/{}", "plan": "plans/{}/plan.json", "train": "che
 CHECKPOINT_STAGES = ("prepare", "plan", "train")
 
 
-def recorded_slice(project: Path, output: str) -> dict[str, Any] | None:
-    """The recipe slice `output` was last built with (the dict among its rule's recorded params), or None."""
+def recorded_slice(project: Path, output: str, slice_now: dict[str, Any]) -> dict[str, Any] | None:
+    """The recipe slice `output` was last built with, or None: of its rule's recorded params (Snakemake keeps them
+    sorted as text, not by name), the dict sharing the most keys with the slice the recipe gives now (train's
+    reward file hashes are a dict too)."""
     record = project / ".snakemake" / "metadata" / urlsafe_b64encode(output.encode()).decode()
     if not record.is_file():
         return None
     params = json.loads(record.read_text()).get("params") or []
     slices = [value for value in map(_literal, params) if isinstance(value, dict)]
-    return slices[0] if len(slices) == 1 else None
+    return max(slices, key=lambda recorded: len(recorded.keys() & slice_now.keys()), default=None)
 
 
 def _literal(text: str) -> Any:
@@ -70,10 +72,10 @@ def what_changed(name: str, recipes: Mapping[str, Recipe], project: Path = Path(
     fields, and the recipes below it that the change makes stale."""
     lines, retrains = [], False
     for stage, output in OUTPUTS.items():
-        old = recorded_slice(project, output.format(name))
+        new = stage_params(recipes[name], stage) | chain_params(name, recipes, model_folder, stage)
+        old = recorded_slice(project, output.format(name), new)
         if old is None:
             continue
-        new = stage_params(recipes[name], stage) | chain_params(name, recipes, model_folder, stage)
         changes = field_changes(old, new)
         if changes:
             lines.append(f"  {name} {stage}: " + "; ".join(changes))
