@@ -115,7 +115,7 @@ def run(name: str, model: Path, steps: int, work: Path) -> str:
     from xtrain.artifacts import read_json
     from xtrain.data.pipeline import prepare
     from xtrain.plan import make_plan, write_plan
-    from xtrain.plan.planner import CPU_PROCESS_BYTES, HOST_RETENTION
+    from xtrain.plan.planner import HOST_REQUEST_MARGIN
     from xtrain.recipe import Hardware, stage_params
     from xtrain.train import allocator
 
@@ -139,7 +139,8 @@ def run(name: str, model: Path, steps: int, work: Path) -> str:
     metrics = read_json(work / "checkpoint/train_metrics.json")
     generate = json.loads((work / "generate.json").read_text())
     phase = plan.generation
-    predicted_host = CPU_PROCESS_BYTES + plan.memory.peak_bytes_per_device * HOST_RETENTION[plan.resources.allocator]
+    # The peak RSS the plan predicts: its host-memory request without the request's margin (as bench_plan_real).
+    predicted_host = plan.resources.mem_mb * MIB / HOST_REQUEST_MARGIN
     step_seconds = metrics["trainer_runtime_seconds"] / steps
     lengths = [entry["completions/mean_length"] for entry in metrics["rl"]]
     return (f"| {name} | {plan.precision}, micro {plan.layout.micro_batch_size} x {plan.layout.gradient_accumulation_steps}"
