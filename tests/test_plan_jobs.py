@@ -82,6 +82,25 @@ def test_a_batch_that_does_not_fit_is_halved_and_the_plan_says_so(llama):
     assert job.memory.peak_bytes_per_device <= job.memory.budget_bytes_per_device
 
 
+def test_a_grpo_recipes_evaluation_answers_every_held_out_prompt_and_scores_none(llama):
+    """GRPO's eval split is prompts: each is answered by base and tuned (its rewards are the evaluation) with a KV
+    cache up to the longest prompt + eval.max_new_tokens, and nothing is scored (a prompt has no reference)."""
+    prompts = {"data_kind": "prompts", "seq_len": 512,
+               "splits": {"eval": {"rows": 131, "sequences_per_row": 1, "tokens": 131 * 100, "supervised_tokens": 0,
+                                   "max_len": 120}}}
+    settings = Eval(batch_size=16, generations=8, max_new_tokens=96)
+    job = plan_evaluate(gpu_plan(), prompts, settings, H100_NODE, llama)
+    assert job.memory.breakdown_bytes["scoring"] == 0 and job.time.terms["scoring"] == 0
+    # 16 rows x (120 + 96) tokens x 32 layers x 2 x 8 key-value heads x 128 x 2 bytes, beside the last logits
+    assert job.memory.breakdown_bytes["generation"] > 16 * 216 * 32 * 2 * 8 * 128 * 2
+    as_chats = plan_evaluate(gpu_plan(), {**prompts, "data_kind": "chats"}, settings, H100_NODE, llama)
+    # All 131 prompts, not eval.generations' 8: ceil(131 / 16) = 9 batches of 96 decode steps for each model,
+    # where chats answer one batch.
+    per_decode_step = GPU_TIME["ops_per_micro_step"] // 3 * GPU_TIME["op_seconds"]
+    assert job.time.terms["generation"] >= 2 * 9 * 96 * per_decode_step
+    assert as_chats.time.terms["generation"] < 2 * 2 * 96 * per_decode_step
+
+
 def test_the_export_runs_on_the_cpu_in_the_bases_dtype(llama):
     job = plan_export(gpu_plan(), Export(gguf=["q8_0"]), H100_NODE, llama)
     size = LLAMA_8B["total"] * 2

@@ -85,13 +85,18 @@ def plan_evaluate(plan: Plan, manifest: dict[str, Any], settings: Eval, hardware
     split = manifest["splits"]["eval"]
     longest = min(split.get("max_len") or manifest["seq_len"], manifest["seq_len"])
     sequences = split["rows"] * split.get("sequences_per_row", 1)
-    generations = min(settings.generations, split["rows"]) if manifest.get("data_kind", "chats") == "chats" else 0
+    # Chats: eval.generations prompts answered by base and tuned, every sequence scored. GRPO's prompts: every one
+    # answered (its rewards are the evaluation), nothing scored (a prompt has no reference answer). Preference
+    # pairs: scored only.
+    kind = manifest.get("data_kind", "chats")
+    generations = {"chats": min(settings.generations, split["rows"]), "prompts": split["rows"]}.get(kind, 0)
+    scored = kind != "prompts"
     gpu = hardware.accelerator != "cpu"
     precision = (plan.precision if plan.precision != "fp32" else plan.weights_dtype) if gpu else CPU_EVAL_PRECISION
     weights = plan.model.total * BYTES[precision]
 
     def activations(batch: int) -> dict[str, int]:
-        score = forward_bytes(plan, shape, precision, batch, longest, longest)
+        score = forward_bytes(plan, shape, precision, batch, longest, longest) if scored else 0
         generate = (kv_cache_bytes(plan, shape, precision, batch, longest + settings.max_new_tokens)
                     + forward_bytes(plan, shape, precision, batch, longest, 1)) if generations else 0
         terms = {"scoring": score, "generation": generate}
@@ -128,7 +133,8 @@ def plan_evaluate(plan: Plan, manifest: dict[str, Any], settings: Eval, hardware
             f"GiB at batch {batch}), more than the node's {budget / GIB:.1f} GiB usable: raise hardware.host_memory_gb "
             "or evaluate on GPUs (hardware.accelerator)")
     peak = weights // max(devices, 1) + needed
-    seconds, time_terms = evaluate_seconds(plan, manifest, settings, sequences, generations, batch, weights)
+    seconds, time_terms = evaluate_seconds(plan, manifest, settings, sequences if scored else 0, generations, batch,
+                                           weights)
     host = (GPU_PROCESS_BYTES + weights) if gpu else CPU_PROCESS_BYTES + peak * EVAL_HOST_RETENTION
     lm_minutes = LM_EVAL_MINUTES_PER_TASK * len(settings.lm_eval.tasks) * 2 if settings.lm_eval else 0
     reason = (f"on {devices} x {hardware.gpu} in {precision}, the training precision"
@@ -160,14 +166,16 @@ def fitting_batch(wanted: int, activations, fits, weights: int) -> tuple[int, in
 
 def evaluate_seconds(plan: Plan, manifest: dict, settings: Eval, sequences: int, generations: int, batch: int,
                      weights: int) -> tuple[float, dict[str, float]]:
-    """Two models (base and tuned), each scoring every eval sequence and answering the generation prompts: forward
-    FLOPs (2 per parameter per token) at the training throughput, plus the per-op cost of each forward pass."""
+    """Two models (base and tuned), each scoring the `sequences` scored (all of the eval split's, or none) and
+    answering the generation prompts: forward FLOPs (2 per parameter per token) at the training throughput, plus the
+    per-op cost of each forward pass."""
     split, time = manifest["splits"]["eval"], plan.time
     flops_per_token = 2 * plan.model.total
     # A forward pass dispatches about a third of a training micro-step's ops; without a trace, ~30 per layer.
     ops = time.ops_per_micro_step // 3 if time.ops_per_micro_step else 30 * plan.model.layers
-    scoring = split["tokens"] * flops_per_token / time.device_flops + math.ceil(sequences / batch) * ops * time.op_seconds
-    mean_prompt = split["tokens"] / max(sequences, 1)
+    scoring = ((split["tokens"] * flops_per_token / time.device_flops + math.ceil(sequences / batch) * ops
+                * time.op_seconds) if sequences else 0.0)
+    mean_prompt = split["tokens"] / max(split["rows"] * split.get("sequences_per_row", 1), 1)
     steps = math.ceil(generations / batch) * settings.max_new_tokens if generations else 0
     generating = ((generations * (mean_prompt + settings.max_new_tokens) * flops_per_token) / time.device_flops
                   + steps * ops * time.op_seconds)
