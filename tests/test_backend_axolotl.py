@@ -368,6 +368,34 @@ def test_validate_refuses_what_axolotl_says_will_fail_on_that_gpu(tiny_model, tm
 
 
 @pytest.mark.slow
+def test_a_grpo_batch_axolotl_refuses_on_several_gpus_is_refused_before_any_job(tiny_model, tmp_path, monkeypatch):
+    """64 completions per step, 8 per prompt, on 8 GPUs: TRL's trainer takes it (the batch counted over all devices
+    holds 8 whole groups), Axolotl's validator does not (per device, 8 < generations x devices = 64). Preflight
+    (`registry.check`) says so before any job, and Axolotl's own loader agrees on both sides of the line."""
+    monkeypatch.chdir(tmp_path)  # the GRPO config records the project the rewards are read from
+    ensure_backend_env("axolotl")
+    gpus = Hardware(accelerator="cuda", gpus=8, gpu_model="h100")
+    refused, accepted = (tiny_grpo("axolotl", rl=Rl(generations=8, max_completion_length=16), global_batch_size=size)
+                         for size in (64, 512))
+    with pytest.raises(XtrainError, match=r"GRPO generation batch is 8 completions \(train.global_batch_size 64 over "
+                                          r"8 device\(s\)\).*at least 64.*multiple of 512.*trl_local"):
+        backends.check("axolotl", refused, gpus)
+    backends.check("axolotl", accepted, gpus)
+    backends.check("trl_local", refused, gpus)
+
+    def rendered(train: Train, micro: int, accumulation: int) -> dict:
+        layout = {"strategy": "ddp", "devices": 8, "nodes": 1, "micro_batch_size": micro,
+                  "gradient_accumulation_steps": accumulation, "global_batch_size": train.global_batch_size}
+        return axolotl_config(job(tmp_path, train, plan(precision="bf16", layout=layout), model=tiny_model,
+                                  hardware=gpus), tmp_path / "d.parquet")
+
+    # One loader process (importing Axolotl takes seconds), which stops at its first refusal: the refused recipe's
+    # (got 8), so the accepted one before it (64) loaded.
+    with pytest.raises(XtrainError, match=r"requires effective_gbs >= num_generations \* world_size = 64, got 8"):
+        load_with_axolotl([(rendered(accepted, 8, 8), gpus), (rendered(refused, 2, 4), gpus)], tmp_path)
+
+
+@pytest.mark.slow
 def test_axolotl_trains_the_tiny_recipe_like_trl_cpu(trl_cpu_reference, tiny_model, tmp_path, monkeypatch):
     # Same prepared tokens and labels in the same order (Axolotl's own shuffle is off), the same seed and the same
     # length-grouped sampler (Axolotl's trainer is transformers' Trainer): step 1's loss was seen equal to 5

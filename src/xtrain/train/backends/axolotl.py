@@ -160,6 +160,34 @@ def grpo_config(job: TrainJob) -> dict[str, Any]:
     return {"rl": "grpo", "trl": trl, "remove_unused_columns": False, "trainer_cls": f"{GRPO_MODULE}.Trainer"}
 
 
+def check_grpo_groups(train: Train, hardware: Hardware) -> None:
+    """Axolotl's own GRPO batch rule (its config validator, `check_grpo_batch_size_divisibility`), asked before any
+    job: its generation batch, one device's micro-batch x accumulation (or `trl.generation_batch_size`, which
+    train.rl.steps_per_generation sets), must hold whole groups of train.rl.generations completions, and on several
+    devices at least one group per device. TRL's GRPOTrainer counts that batch over all devices, so a recipe that
+    trl_cpu or trl_local run can fail here; on GPUs Axolotl would only say so on the cluster, once the job starts."""
+    devices, generations = hardware.devices, train.rl.generations
+    least = generations * devices  # whole groups, one per device at least
+    if train.rl.steps_per_generation is None:
+        batch = train.global_batch_size // devices
+        source = f"train.global_batch_size {train.global_batch_size} over {devices} device(s)"
+        fix = f"raise train.global_batch_size to a multiple of {least * devices}"
+    elif train.micro_batch_size:
+        batch = train.micro_batch_size * devices * train.rl.steps_per_generation
+        source = (f"train.micro_batch_size {train.micro_batch_size} x {devices} device(s) x "
+                  f"train.rl.steps_per_generation {train.rl.steps_per_generation}")
+        fix = "change train.micro_batch_size or train.rl.steps_per_generation"
+    else:  # the micro-batch is the plan's to choose; Axolotl's validator checks the rendered config at launch
+        return
+    if batch % generations or batch < least:
+        raise XtrainError(
+            f"train.backend axolotl: its GRPO generation batch is {batch} completions ({source}); Axolotl needs a "
+            f"multiple of train.rl.generations {generations}" + (f", at least {least} (one group per device)"
+                                                                if devices > 1 else "")
+            + f": {fix}, or lower train.rl.generations, or use train.backend trl_local (TRL counts that batch over "
+            "all devices)")
+
+
 def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
     """Axolotl's YAML for the recipe's train section and the plan (every Train field is used here)."""
     train, plan, layout = job.train, job.plan, job.plan.layout
@@ -290,6 +318,8 @@ class Axolotl:
                 "train.backend axolotl runs CPU training on one node: set hardware.nodes: 1 (more CPU processes "
                 "with hardware.processes), or train on GPUs"
             )
+        if train.objective == "grpo":
+            check_grpo_groups(train, hardware)
         if train.objective not in ("sft", "grpo") and train.adapters and train.lora.dropout:
             raise XtrainError(
                 f"train.backend axolotl: train.lora.dropout {train.lora.dropout} with train.objective "
