@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="xtrain-tests-cache-")
 # A fixed CPU probe (xtrain.plan.probe): no plan in the tests depends on this machine's speed or load.
 os.environ["XTRAIN_CPU_PROBE"] = "1.2e11,2.0e-6"
+# A fixed CPU matmul peak (xtrain.plan.peak): the train job's MFU is taken over it, not over a measurement here.
+os.environ["XTRAIN_CPU_PEAK"] = "2.4e11"
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # What a workflow copy needs: the workflow, the library, and the embedded demo inputs.
 WORKFLOW_PATHS = ("Snakefile", "rules", "config", "envs", "scripts", "src", "profiles", "data/demo", "data/pref",

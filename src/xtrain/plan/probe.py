@@ -23,8 +23,9 @@ BUSY_LOAD = 0.5  # load average per core above which a probe may have read the n
 FIXED = "XTRAIN_CPU_PROBE"
 
 
-def cache_file() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "xtrain" / "cpu-probe.json"
+def cache_file(name: str = "cpu-probe.json") -> Path:
+    """A record of this machine's figures in xtrain's cache folder (the probe's; `peak` keeps its own beside it)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "xtrain" / name
 
 
 def probe_key(precision: str, width: int, cpus: int) -> str:
@@ -74,13 +75,13 @@ def measure(precision: str, width: int, cpus: int) -> dict[str, float]:
             "load_per_core": load_per_core()}
 
 
-def read_cache() -> dict[str, dict[str, float]]:
-    path = cache_file()
+def read_cache(path: Path | None = None) -> dict[str, dict[str, float]]:
+    path = path or cache_file()
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def write_cache(entries: dict) -> None:
-    path = cache_file()
+def write_cache(entries: dict, path: Path | None = None) -> None:
+    path = path or cache_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
@@ -133,10 +134,11 @@ def probe_cpu(precision: str, width: int, cpus: int) -> dict[str, float]:
     return {"matmul_flops": matmul, "op_seconds": op}
 
 
-def seconds_per_call(fn) -> float:
+def seconds_per_call(fn, window: float = PROBE_SECONDS / 5) -> float:
+    """Seconds per call of `fn` over one window of at least `window` seconds (one call at least), after a warm-up."""
     fn()
     calls, started = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - started) < PROBE_SECONDS / 5:
+    while (elapsed := time.perf_counter() - started) < window:
         fn()
         calls += 1
     return elapsed / max(calls, 1)

@@ -251,12 +251,28 @@ def plan_rows(plan: Plan, train_metrics: dict[str, Any]) -> list[list[Any]]:
          timed(measured_seconds, time.seconds, bool(time.seconds) and measured_seconds > 1.2 * time.seconds)],
         ["tokens / s", round(predicted_rate, 1) if predicted_rate else None, rate,
          timed(rate, predicted_rate, bool(rate and predicted_rate) and rate < predicted_rate / 1.2)],
+        mfu_row(predicted_rate, time.flops_per_token, train_metrics),
         [f"peak training-step memory per {html.escape(memory.device)} device (MiB)",
          _mib(memory.peak_bytes_per_device), "—", "not measured separately"],
         [f"host memory (MiB): requested vs peak RSS of the training process (allocator: "
          f"{html.escape(train_metrics.get('allocator', 'not recorded'))})", _mib(host_request), _mib(rss),
          ratio(rss, host_request)],
     ]
+
+
+def mfu_row(predicted_rate: float | None, flops_per_token: int, train_metrics: dict[str, Any]) -> list[Any]:
+    """Model FLOPs utilisation (train_metrics.json's `mfu`): the plan's tokens/s and the measured, each × the plan's
+    FLOPs per token over the device's peak, with the peak and where it came from."""
+    peak = train_metrics.get("mfu_peak_flops")
+    if "mfu" not in train_metrics:
+        return ["model FLOPs utilisation", "—", "not recorded", "—"]
+    predicted = predicted_rate * flops_per_token / peak if predicted_rate and peak else None
+    measured = train_metrics["mfu"]
+    label = (f"model FLOPs utilisation, of {peak / 1e9:,.0f} GFLOP/s: {html.escape(train_metrics['mfu_peak_source'])}"
+             if peak else f"model FLOPs utilisation ({html.escape(train_metrics['mfu_peak_source'])})")
+    return [label, f"{predicted * 100:.3g}%" if predicted else "—",
+            f"{measured * 100:.3g}%" if measured is not None else "—",
+            f"{measured / predicted:.2f}×" if measured and predicted else "—"]
 
 
 def busy_machine(train_metrics: dict[str, Any]) -> str | None:

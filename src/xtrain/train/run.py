@@ -28,6 +28,7 @@ from ..data.output import CHAT_TEMPLATE_FILE
 from ..errors import XtrainError
 from ..models.hub import cached_revision
 from ..models.inference_files import base_license, model_card, write_generation_config
+from ..plan.peak import train_efficiency
 from ..plan.schema import read_plan
 from ..recipe import Hardware, Train, content_hash
 from . import allocator, tracking
@@ -200,6 +201,9 @@ def run_training(
                 shutil.copyfile(template, staging / CHAT_TEMPLATE_FILE)
             sort_adapter_targets(staging)
             metrics = train_metrics(result) | {"machine": machine_load(load_at_start)}
+            # Model FLOPs utilisation, here where every lane's run ends: tokens/s × the plan's FLOPs per token over
+            # the device's peak (a CPU's measured once per machine, after training, on the threads it trained with).
+            metrics |= train_efficiency(metrics["tokens_per_second"], plan)
             metrics["tensorboard_run"] = tracking.record_hparams(job, metrics)
             write_json(staging / "train_metrics.json", metrics)
             write_generation_config(model_dir, staging, prepared.get("end_of_turn"), trust_remote_code)
@@ -233,6 +237,7 @@ def run_training(
                 },
             )
         tracking.remove_all_but_tracking(work_dir)  # the checkpoint is complete: nothing left to resume
-    log.info("trained %s steps, final loss %s, %s tokens/s", metrics["steps"], metrics["final_loss"],
-             metrics["tokens_per_second"])
+    log.info("trained %s steps, final loss %s, %s tokens/s, model FLOPs utilisation %s", metrics["steps"],
+             metrics["final_loss"], metrics["tokens_per_second"],
+             f"{metrics['mfu']:.1%} of {metrics['mfu_peak_source']}" if metrics["mfu"] is not None else "unknown")
     return metrics
