@@ -14,10 +14,11 @@ plans of `xtrain.plan.jobs` -> `run_training` and `check_checkpoint` -> `xtrain.
   data/real/c4_demo.jsonl cut into blocks of exactly seq_len tokens, so every batch is as long as the plan
   assumes: LoRA, then a full fine-tune, each evaluated (held-out loss: plain text has no prompts to answer).
 The table has a row per stage of a run: where it ran, its wall time (predicted: the plan's `time.seconds`), and
-memory, predicted against measured with their ratio:
+memory, predicted against measured with their ratio and the plan's error (predicted / measured − 1):
 - train: plan.json `memory.peak_bytes_per_device` against the training process's `torch.cuda.max_memory_allocated`
   (train_metrics.json `peak_gpu_memory_bytes`); its wall time is launch, load, train and save, its tokens/s
-  train_metrics.json's (trainer checkpoints included); the checkpoint checked with the contract;
+  train_metrics.json's (trainer checkpoints included), and its MFU train_metrics.json's `mfu` (tokens/s × the plan's
+  FLOPs per token over the GPU's datasheet peak, or the CPU's measured one); the checkpoint checked with the contract;
 - evaluate: evaluate.json's `memory.peak_bytes_per_device` against this process's `torch.cuda.max_memory_allocated`
   from a reset before the stage to its end; the base and tuned losses, which must be finite;
 - export: export.json's `memory.host_bytes` against the peak RSS (VmHWM) of the fresh process it runs in, imports
@@ -80,8 +81,8 @@ NOT_RUN = {
 EVAL = {"batch_size": 8, "generations": 2, "max_new_tokens": 16}
 # The demo run's export stage, the check's one export: a merged model and one quantized GGUF file.
 EXPORT = {"merged": True, "gguf": ["q8_0"]}
-COLUMNS = ("run", "stage", "where", "memory", "predicted GiB", "measured GiB", "ratio", "predicted s", "measured s",
-           "tokens/s", "result")
+COLUMNS = ("run", "stage", "where", "memory", "predicted GiB", "measured GiB", "ratio (error)", "predicted s",
+           "measured s", "tokens/s", "MFU", "result")
 HEADER = "| " + " | ".join(COLUMNS) + " |\n|" + " --- |" * len(COLUMNS)
 
 log = logging.getLogger("gpu_check")
@@ -101,6 +102,7 @@ class Row:
     predicted_seconds: str = "-"
     seconds: str = "-"
     tokens_per_second: str = "-"
+    mfu: str = "-"
     result: str = "-"
     failed: bool = False
 
@@ -117,9 +119,17 @@ def memory_cells(predicted: int, measured: int | None, upper_bound: bool = False
         return {"predicted": f"{predicted / GIB:.2f}", "measured": "n/a (no GPU)", "ratio": "-", "failed": False}
     error = gpu_check_plan.prediction_error(predicted, measured)
     outside = error < 0 if upper_bound else abs(error) > gpu_check_plan.TOLERANCE
-    miss = " (under the measured)" if upper_bound else f" (outside ±{gpu_check_plan.TOLERANCE:.0%})"
+    miss = ", under the measured" if upper_bound else f", outside ±{gpu_check_plan.TOLERANCE:.0%}"
     return {"predicted": f"{predicted / GIB:.2f}", "measured": f"{measured / GIB:.2f}",
-            "ratio": f"{predicted / measured:.2f}" + (miss if outside else ""), "failed": outside}
+            "ratio": f"{predicted / measured:.2f} ({error:+.1%}{miss if outside else ''})", "failed": outside}
+
+
+def mfu_cell(metrics: dict) -> str:
+    """train_metrics.json's model FLOPs utilisation and the peak it is over (a GPU's datasheet figure × devices, the
+    CPU's measured peak)."""
+    if metrics.get("mfu") is None:
+        return f"n/a ({metrics.get('mfu_peak_source', 'not recorded')})"
+    return f"{metrics['mfu'] * 100:.3g}% of {metrics['mfu_peak_flops'] / 1e12:.3g} TFLOP/s"
 
 
 def since(started: float) -> str:
@@ -212,7 +222,7 @@ class DagRun:
         speed = metrics["tokens_per_second"]
         row = Row(self.name, "train", f"{recipe.train.backend}, {recipe.hardware.accelerator}, {plan.precision}",
                   self.memory_kind(), predicted_seconds=f"{plan.time.seconds:.1f}", seconds=seconds,
-                  tokens_per_second=f"{speed:,.0f}" if speed else "-", result=result,
+                  tokens_per_second=f"{speed:,.0f}" if speed else "-", mfu=mfu_cell(metrics), result=result,
                   **memory_cells(plan.memory.peak_bytes_per_device, metrics["peak_gpu_memory_bytes"]))
         row.failed |= broken
         return row

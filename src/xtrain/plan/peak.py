@@ -11,7 +11,7 @@ on a narrow model that shape runs well under the machine's peak (bench/bench_mat
 Like the probe, the peak is measured once per machine (CPU model, threads, torch version, precision), rounded to two
 significant figures and recorded in `$XDG_CACHE_HOME/xtrain/cpu-peak.json`; every later run reads the record, so a
 run's MFU does not move with the machine's load at the moment it ends. `python -m xtrain.plan.peak --refresh`
-measures again and keeps the faster figure (a busy machine only ever reads slow); `XTRAIN_CPU_PEAK="<FLOP/s>"` (every
+measures (again) and keeps the faster figure (a busy machine only ever reads slow); `XTRAIN_CPU_PEAK="<FLOP/s>"` (every
 precision) or `"bf16=<FLOP/s>,fp32=<FLOP/s>"` gives fixed figures instead (the tests use it).
 """
 
@@ -132,23 +132,27 @@ def train_efficiency(tokens_per_second: float | None, plan) -> dict[str, Any]:
 
 
 def refresh() -> list[str]:
-    """Measure every recorded peak again; keep the faster. One line per peak, saying what changed."""
+    """Measure every recorded peak again, and bf16's and fp32's on every core; keep the faster of the recorded and the
+    new. One line per peak, saying what changed."""
     path = cache_file(CACHE_NAME)
-    entries, lines = read_cache(path), []
-    for key, old in entries.items():
+    entries, lines = read_cache(path), [f"load {load_per_core()} per core before measuring"]
+    keys = dict.fromkeys([*entries, *(peak_key(p, os.cpu_count() or 1) for p in ("bf16", "fp32"))])
+    for key in keys:
         _, threads, _, precision, _ = key.split("|")
         new = measure_peak(precision, int(threads.split()[0]))
-        entries[key] = faster(old, new)
-        kept = "new" if entries[key] is new else "recorded"
-        lines.append(f"{key}: recorded {old['matmul_flops']:.2g} FLOP/s, now {new['matmul_flops']:.2g}: kept the {kept}")
+        old = entries.get(key)
+        entries[key] = faster(old, new) if old else new
+        change = (f"recorded {old['matmul_flops']:.2g} FLOP/s, now {new['matmul_flops']:.2g}: kept the "
+                  f"{'new' if entries[key] is new else 'recorded'}") if old else f"{new['matmul_flops']:.2g} FLOP/s"
+        lines.append(f"{key}: {change} (size {new['size']}, load {new['load_per_core']} per core)")
     write_cache(entries, path)
-    return [f"load {load_per_core()} per core", *lines] if lines else [f"no peak recorded in {path} yet: train a recipe "
-                                                                        "on this CPU first"]
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Show, or measure again, this CPU's recorded matmul peaks.")
-    parser.add_argument("--refresh", action="store_true", help="measure every recorded peak again, keep the faster")
+    parser.add_argument("--refresh", action="store_true",
+                        help="measure this CPU's peaks (again), keep the faster of the recorded and the new")
     args = parser.parse_args()
     if args.refresh:
         print("\n".join(refresh()))
