@@ -186,9 +186,9 @@ class Resources(Section):
         "TCMalloc or jemalloc keeps across batch shapes), × 1.62 instead when `allocator` is glibc; per GPU 1.5 GiB "
         "plus an fp32 copy of the weights while loading"
     )
-    allocator: Literal["tcmalloc", "jemalloc", "glibc"] = Field(
-        description="the allocator the train job runs under: TCMalloc, else jemalloc, preloaded when the planning "
-        "machine has it (`xtrain.train.allocator`), else glibc's"
+    allocator: Literal["tcmalloc", "mimalloc", "jemalloc", "glibc"] = Field(
+        description="the allocator the train job runs under (`xtrain.train.allocator`): the planning machine's "
+        "TCMalloc, else the lock's mimalloc (cmeel-mimalloc), else the machine's jemalloc, preloaded; else glibc's"
     )
     runtime: int = Field(description="minutes: 1.5 × the predicted time + 10 for loading, saving and scheduling")
 

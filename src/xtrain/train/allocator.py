@@ -1,42 +1,88 @@
-"""The train job's memory allocator: TCMalloc (else jemalloc) preloaded when the machine has it.
+"""The train job's memory allocator: the system's TCMalloc, else the lock's mimalloc, preloaded by re-execution.
 
 glibc's malloc keeps what a training step frees in its arenas; with the batch shapes of a real run (length-grouped,
 each batch its own length) the heap grows by each new shape's leftovers, so the process's peak RSS drifts far above
 the step the plan traced (the showcase: 17.3 GiB against a 9.9 GiB prediction). Measured on the showcase's first 16
 steps (BENCHMARKS.md, "Host memory of a real run"): TCMalloc peaks 16% lower than glibc and trains 1.35x faster;
 jemalloc peaks 20% lower at 0.8x glibc's speed; glibc's own knobs (MALLOC_MMAP_THRESHOLD_, MALLOC_ARENA_MAX)
-cut the peak as much but train 1.8x slower. So the train job runs under the first of PRELOADS the machine has, and
-under glibc as it is otherwise; the plan's host-memory request allows for the one it will get (`for_train_job`).
+cut the peak as much but train 1.8x slower.
+
+A fresh clone or a cluster node where the user is not root has neither TCMalloc nor jemalloc, so the lock itself
+ships an allocator: mimalloc, from the cmeel-mimalloc wheel (envs/xtrain.lock), found by where pip installed it
+(the distribution's files), never by the system's search. The order of CANDIDATES is by measurement (BENCHMARKS.md,
+"The allocator from the lock"): <ORDER-RATIONALE>. The train job runs under the first candidate this
+machine has and can load, and under glibc otherwise; the plan's host-memory request allows for the one it will get
+(`for_train_job`).
 
 A library must be loaded before the process's first allocation: the train job re-executes itself with LD_PRELOAD
-set (`preload`), and the processes it launches (torchrun workers, a lane's own interpreter) inherit it. An
-LD_PRELOAD the user set is left as it is.
+set (`preload`), and the processes it launches (torchrun workers, a lane's own interpreter in .venvs/<lane>/)
+inherit it: the lock's library is named by its absolute path, so it loads in any process on the machine, whichever
+Python runs there. An LD_PRELOAD the user set is left as it is.
 """
 
 from __future__ import annotations
 
 import ctypes.util
+import functools
+import importlib.metadata
 import os
+import subprocess
 import sys
+from pathlib import Path
 
-# Library names as ctypes.util.find_library knows them (Debian: libtcmalloc-minimal4 or libgoogle-perftools4,
-# libjemalloc2; RHEL: gperftools-libs, jemalloc), in the order they are preferred.
-PRELOADS = ("tcmalloc_minimal", "tcmalloc", "jemalloc")
+# Where an allocator library comes from: ("system", name as ctypes.util.find_library knows it: Debian's
+# libtcmalloc-minimal4 or libgoogle-perftools4, libjemalloc2; RHEL's gperftools-libs, jemalloc) or ("lock",
+# distribution, library file it installs), in the order they are preferred.
+LOCKED_MIMALLOC = ("lock", "cmeel-mimalloc", "libmimalloc.so")
+CANDIDATES = (("system", "tcmalloc_minimal"), ("system", "tcmalloc"), LOCKED_MIMALLOC, ("system", "jemalloc"))
+ALLOCATORS = ("tcmalloc", "mimalloc", "jemalloc")  # what `name` recognises in a library's file name
+
+
+def locked_library(distribution: str, file_name: str) -> str | None:
+    """The absolute path of `file_name` as the installed `distribution` recorded it (its RECORD), or None when the
+    distribution (or the file) is not installed in this interpreter's environment."""
+    try:
+        files = importlib.metadata.distribution(distribution).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    path = next((Path(file.locate()) for file in files if file.name == file_name), None)
+    return str(path.resolve()) if path is not None and path.is_file() else None
+
+
+@functools.cache
+def preloadable(library: str) -> bool:
+    """Whether the dynamic loader can preload `library` here: a wheel's library needs the system's libatomic, and
+    ld.so only warns (`cannot be preloaded ... ignored`) and runs on under glibc where a dependency is missing."""
+    probe = subprocess.run([sys.executable, "-S", "-c", ""], env={**os.environ, "LD_PRELOAD": library},
+                           capture_output=True, text=True)
+    return probe.returncode == 0 and "cannot be preloaded" not in probe.stderr
+
+
+def find(candidate: tuple[str, ...]) -> str | None:
+    """A candidate's library: a soname LD_PRELOAD finds (system) or an absolute path (lock); None if absent."""
+    return ctypes.util.find_library(candidate[1]) if candidate[0] == "system" else locked_library(*candidate[1:])
 
 
 def available() -> str | None:
-    """The preferred allocator library this machine has (its soname, which LD_PRELOAD finds), or None."""
-    return next(filter(None, map(ctypes.util.find_library, PRELOADS)), None)
+    """The preferred allocator library this machine has and can load, as LD_PRELOAD names it, or None."""
+    return next((library for library in map(find, CANDIDATES) if library and preloadable(library)), None)
 
 
 def name(library: str) -> str:
-    """'tcmalloc', 'jemalloc' or 'glibc' (no library, or one that is neither) for an LD_PRELOAD value."""
-    return next((allocator for allocator in ("tcmalloc", "jemalloc") if allocator in library), "glibc")
+    """'tcmalloc', 'mimalloc', 'jemalloc' or 'glibc' (no library, or one that is none of them) for an LD_PRELOAD
+    value or a library's path."""
+    return next((allocator for allocator in ALLOCATORS if allocator in Path(library).name), "glibc")
 
 
 def running() -> str:
-    """The allocator this process was started under."""
-    return name(os.environ.get("LD_PRELOAD", ""))
+    """The allocator this process runs under: the one its LD_PRELOAD names, if the loader mapped it (a library that
+    could not be preloaded leaves the process under glibc)."""
+    preloaded = {name(entry) for entry in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()} - {"glibc"}
+    maps = Path("/proc/self/maps")
+    if not preloaded or not maps.is_file():
+        return next(iter(preloaded), "glibc")
+    mapped = {name(line.split()[-1]) for line in maps.read_text().splitlines() if "/" in line}
+    return next((allocator for allocator in ALLOCATORS if allocator in preloaded & mapped), "glibc")
 
 
 def for_train_job() -> str:
