@@ -30,10 +30,11 @@ log = logging.getLogger(__name__)
 
 FIXED = "XTRAIN_CPU_PEAK"
 CACHE_NAME = "cpu-peak.json"
-# Square sizes the library times, and its windows per size: bench/bench_matmul_peak.py's sweep on this 2-core machine
-# reached its peak at 1024-2048 in both precisions (smaller sizes stay in cache but pay the threads' start-up per call;
-# 4096 in fp32 takes seconds a call for no more rate). About 5 s per precision, once per machine.
-PEAK_SIZES = (1024, 2048)
+# Square sizes the library times, and its windows per size. bench/bench_matmul_peak.py on this 2-core machine
+# (BENCHMARKS.md, "Efficiency against this CPU's peak"): under load the fastest size was 2048² in both precisions;
+# at the quietest moment seen bf16 read fastest at 512² (a size that suffers most from a neighbour's load: every call
+# waits for both threads). 4096² reached no more and takes seconds a call in fp32. About 4 s per precision, once.
+PEAK_SIZES = (512, 1024, 2048)
 PEAK_WINDOWS = 5
 PEAK_WINDOW_SECONDS = 0.2
 
@@ -126,7 +127,11 @@ def utilisation(tokens_per_second: float | None, flops_per_token: float, peak: d
 def train_efficiency(tokens_per_second: float | None, plan) -> dict[str, Any]:
     """train_metrics.json's MFU fields for a run of `plan` (a `Plan`) that trained at `tokens_per_second`."""
     peak = device_peak(plan.memory.device, plan.precision, plan.layout.devices, plan.layout.nodes)
-    return {"mfu": utilisation(tokens_per_second, plan.time.flops_per_token, peak),
+    mfu = utilisation(tokens_per_second, plan.time.flops_per_token, peak)
+    if mfu is not None and mfu > 1:  # a CPU peak recorded while the machine was busy reads low
+        log.warning("model FLOPs utilisation %.2f is above 1: the peak (%s) reads low; measure it again on a quiet "
+                    "machine with `python -m xtrain.plan.peak --refresh`", mfu, peak["source"])
+    return {"mfu": mfu,
             "mfu_flops_per_token": plan.time.flops_per_token, "mfu_peak_flops": peak["flops"],
             "mfu_peak_source": peak["source"]}
 
