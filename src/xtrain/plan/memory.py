@@ -10,12 +10,16 @@ logits); it needs no model code and is the fallback and the cross-check.
 
 Both describe the device the plan targets, not the machine running the plan: GPU steps are traced on
 CPU fakes with the GPU's precision and AdamW's multi-tensor (`foreach`) path.
+
+A trace's cost grows with the model's depth (80 layers for a 70B), so a deep model whose decoder layers are identical
+copies is traced at two shallow depths and its figures extrapolated, exactly, in the layer count (`extrapolated`).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +27,9 @@ from typing import NamedTuple
 from unittest import mock
 
 from ..recipe import Train
-from .model import meta_model, transformers_model
+from .model import decoder_layers, layer_signature, layer_stack, meta_model, transformers_model
+
+log = logging.getLogger(__name__)
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BREAKDOWN_KEYS = ("weights", "gradients", "optimizer", "activations", "workspace")
@@ -61,25 +67,91 @@ REFTYPE_TO_KEY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "grad
                   "Activation": "activations", "Other": "activations", "Temp": "workspace"}
 
 
+# Depths of the shallow copies a deep model is traced at: two, so that each phase of the step has a first and a last
+# layer (the ends of a stack whose memory grows by the same amount per layer), a layer apart, so that the per-layer
+# increments are whole bytes, ops and FLOPs.
+SHALLOW = (2, 3)
+
+
+class Run(NamedTuple):
+    """One traced step and its segments' peaks: (iteration, phase, where in the layer stack) -> the snapshot
+    (MemTracker's reference types and "Total") at the segment's peak, in the order the segments began."""
+
+    trace: Trace
+    segments: dict[tuple, dict]
+    signature: tuple | None  # the first decoder layer's layer_signature
+
+
 def traced(model_dir: Path, train: Train, step: Step, trust_remote_code: bool = False,
            params: dict | None = None) -> Trace:
     """The traced step. QLoRA's is LoRA's traced with the base in `step.weights_dtype`, its 4-bit storage then
     counted by `quantized` (bitsandbytes' layers do not run on fake tensors): `params` must carry the counts."""
     lora = train.lora.model_dump_json() if train.adapters else None
-    trace = _traced(str(model_dir), "lora" if train.adapters else train.method, lora, step, trust_remote_code)
+    trace = depth_traced(str(model_dir), "lora" if train.adapters else train.method, lora, step, trust_remote_code)
     if train.method != "qlora":
         return trace
     return trace._replace(breakdown=quantized(trace.breakdown, params, train, step))
 
 
+def depth_traced(model_dir: str, method: str, lora: str | None, step: Step, trust_remote_code: bool) -> Trace:
+    """The step of the whole model: extrapolated from shallow copies where that is exact and cheaper, else traced."""
+    stack = layer_stack(model_dir, method, lora, trust_remote_code)
+    if stack.depth <= sum(SHALLOW):  # the shallow copies together would be as deep as the model
+        return _traced(model_dir, method, lora, step, trust_remote_code).trace
+    if stack.differs:
+        log_full_trace(model_dir, stack.differs)
+        return _traced(model_dir, method, lora, step, trust_remote_code).trace
+    runs = [_traced(model_dir, method, lora, step, trust_remote_code, layers) for layers in SHALLOW]
+    if any(run.signature != stack.signature for run in runs):
+        log_full_trace(model_dir, "a shallow copy's decoder layer differs from the model's")
+        return _traced(model_dir, method, lora, step, trust_remote_code).trace
+    trace = extrapolated(runs, stack.depth)
+    if trace is None:
+        log_full_trace(model_dir, "the shallow copies' steps differ in more than their depth")
+        return _traced(model_dir, method, lora, step, trust_remote_code).trace
+    return trace
+
+
+@functools.lru_cache(maxsize=32)  # once per model
+def log_full_trace(model_dir: str, reason: str) -> None:
+    log.info("%s: tracing every decoder layer (%s): the per-layer extrapolation would not be exact", model_dir, reason)
+
+
+def extrapolated(runs: list[Run], depth: int) -> Trace | None:
+    """The step of a `depth`-layer model from steps of its shallow copies (`SHALLOW`), or None where the copies'
+    segments do not match one to one.
+
+    FLOPs and ops grow by the same amount with each identical layer. Memory does within each segment of the step (a
+    phase's prologue, its first and its last layer with what follows each up to the next layer): weights, gradients
+    and optimizer states by a layer's share, saved activations by one layer's, at every op of the segment alike, so
+    each segment's peak sits at the same op at every depth and its bytes, by type, are linear in the depth. A middle
+    layer's segment lies between the first's and the last's (it holds the activations or gradients of the layers
+    before it, a layer's worth each), so the step's peak is the largest of the extrapolated segment peaks."""
+    (shallow, a), (deeper, b) = zip(SHALLOW, runs, strict=True)
+    ends = [{key: snap for key, snap in run.segments.items() if key[-1] != "middle"} for run in (a, b)]
+    if list(ends[0]) != list(ends[1]):
+        return None
+    def grow(x: int, y: int) -> int:  # whole increments: SHALLOW's depths are a layer apart
+        return x + (y - x) * (depth - shallow) // (deeper - shallow)
+
+    segments = [{kind: grow(value, ends[1][key][kind]) for kind, value in snap.items()} for key, snap in ends[0].items()]
+    if any(value < 0 for snap in segments for value in snap.values()):
+        return None
+    peak = max(segments, key=lambda snap: snap["Total"])  # the first of equal peaks, as the tracker keeps it
+    return Trace(fold(peak), grow(a.trace.flops, b.trace.flops), grow(a.trace.ops, b.trace.ops))
+
+
 @functools.lru_cache(maxsize=256)  # the layout search and the "does not fit" advice revisit steps
-def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_remote_code: bool) -> Trace:
+def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_remote_code: bool,
+            layers: int | None = None) -> Run:
+    """One step of the model, or of its first `layers` decoder layers."""
     import torch
     import transformers.masking_utils
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     train = Train(method=method, lora=json.loads(lora) if lora else None)
-    model = meta_model(Path(model_dir), train, torch_dtype(step.weights_dtype), trust_remote_code)
+    model = meta_model(Path(model_dir), train, torch_dtype(step.weights_dtype), trust_remote_code, layers)
+    blocks = decoder_layers(model)
     # Fake tensors look like tracing to transformers, which then builds a 4-D causal mask a real
     # unpacked batch never materialises; saying "not packed" keeps the real run's mask-free path.
     # A packed micro-batch is one row whose position ids restart at each packed row; the real tensor of which row each
@@ -99,26 +171,35 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=step.foreach)
         autocast = (nullcontext() if step.precision == "fp32"
                     else torch.autocast("cpu", dtype=torch_dtype(step.precision)))
-        tracker = TrainableMemTracker()
+        tracker = TrainableMemTracker(blocks)
         tracker.track_external(model, optimizer)
         with tracker:
-            for _ in range(2):  # the second step, with optimizer states, is the steady-state peak
+            for iteration in range(2):  # the second step, with optimizer states, is the steady-state peak
                 tracker.ops = tracker.flops = 0
+                tracker.enter(iteration, "forward")
                 with autocast:
                     loss = model(input_ids=ids, labels=ids, use_cache=False, **positions).loss
+                tracker.enter(iteration, "backward")
                 loss.backward()
+                tracker.enter(iteration, "optimizer")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 tracker.reset_mod_stats()
-    return Trace(peak_breakdown(tracker), tracker.flops, tracker.ops)
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    return Run(Trace(fold(peak), tracker.flops, tracker.ops), tracker.segments,
+               layer_signature(blocks[0]) if blocks else None)
 
 
 def peak_breakdown(tracker) -> dict[str, int]:
     """A MemTracker's peak bytes, summed into the plan's breakdown keys."""
-    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    return fold(next(iter(tracker.get_tracker_snapshot("peak").values())))
+
+
+def fold(snapshot: dict) -> dict[str, int]:
+    """A MemTracker snapshot (bytes by reference type) summed into the plan's breakdown keys."""
     breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0)
     for reftype, key in REFTYPE_TO_KEY.items():
-        breakdown[key] += peak[next(r for r in peak if getattr(r, "value", r) == reftype)]
+        breakdown[key] += snapshot[next(r for r in snapshot if getattr(r, "value", r) == reftype)]
     return breakdown
 
 
@@ -145,15 +226,44 @@ def _tracker_class():
     }
 
     class GlobalPeakMemTracker(MemTracker):
-        """MemTracker that hooks only trainable parameters, keeps only the global peak, counts ops and FLOPs.
+        """MemTracker that hooks only trainable parameters, keeps only the global peak and each segment's, counts
+        ops and FLOPs.
 
         The stock tracker registers a gradient hook on every parameter, which fails on frozen (LoRA base)
         ones, and refreshes every module's peak on every op, which makes a large model's trace 4-20x slower.
         FLOPs use torch's own per-op formulas (and theirs for the CPU's fused attention, which they leave out);
         FlopCounterMode itself keeps tensors alive and would inflate the peak it runs beside.
+        A segment is a stretch of one phase (`enter`) of one iteration: before the decoder layers, or from the start
+        of the first, a middle or the last layer (in the forward or backward order) to the start of the next, or to
+        the phase's end (a layer's start: its forward pre-hook in the forward, its backward pre-hook in the backward,
+        not a checkpoint's recompute; the post-hooks of one layer and the pre-hooks of the next fire in either order);
+        `extrapolated` matches them across depths.
         """
 
         ops = flops = 0
+
+        def __init__(self, blocks=()):
+            super().__init__()
+            self.layer_index = {id(block): index for index, block in enumerate(blocks)}
+            self.segments: dict[tuple, dict] = {}
+            self.phase, self.where = (None, None), ("before", None)
+
+        def enter(self, iteration: int, phase: str) -> None:
+            self.phase, self.where = (iteration, phase), ("before", None)
+
+        def _enter_layer(self, module, backward: bool) -> None:
+            index = self.layer_index.get(id(module))
+            if index is not None and (self.phase[1] == "backward") == backward:  # not a checkpoint's recompute
+                last = len(self.layer_index) - 1
+                self.where = ("from", "first" if index == 0 else "last" if index == last else "middle")
+
+        def _pre_fw_hook(self, module, inputs):
+            super()._pre_fw_hook(module, inputs)
+            self._enter_layer(module, backward=False)
+
+        def _pre_bw_hook(self, module, args):
+            super()._pre_bw_hook(module, args)
+            self._enter_layer(module, backward=True)
 
         def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
             def track_grad(grad):
@@ -177,6 +287,9 @@ def _tracker_class():
                 if self._peak_mem.get(device, 0) < snapshot["Total"]:
                     self._peak_mem[device] = snapshot["Total"]
                     self._peak_mem_snap[device] = dict(snapshot)
+                key = (*self.phase, *self.where)
+                if key not in self.segments or self.segments[key]["Total"] < snapshot["Total"]:
+                    self.segments[key] = dict(snapshot)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -190,8 +303,9 @@ def _tracker_class():
     return GlobalPeakMemTracker
 
 
-def TrainableMemTracker():  # noqa: N802 (a class, built on first use so importing the plan stays light)
-    return _tracker_class()()
+def TrainableMemTracker(blocks=()):  # noqa: N802 (a class, built on first use so importing the plan stays light)
+    """The tracker; `blocks`: the model's decoder layers, in order, which delimit its segments."""
+    return _tracker_class()(blocks)
 
 
 # Bytes per token and per layer saved for backward by a Llama-style block (attention + SwiGLU MLP), as

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import XtrainError
 from ..recipe import Train
 
 
-def meta_model(model_dir: Path, train: Train, dtype=None, trust_remote_code: bool = False):
+def meta_model(model_dir: Path, train: Train, dtype=None, trust_remote_code: bool = False, layers: int | None = None):
     """The model (with its LoRA adapters) on the meta device: every shape, no memory, no weights read.
 
-    `dtype` is that of the base weights; peft keeps the adapters in fp32 whatever it is.
+    `dtype` is that of the base weights; peft keeps the adapters in fp32 whatever it is. `layers`: only the first
+    that many decoder layers (the plan traces shallow copies and extrapolates, memory.traced).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    if layers is not None:
+        truncate(config.get_text_config(), layers)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     if train.adapters:
@@ -26,6 +31,62 @@ def meta_model(model_dir: Path, train: Train, dtype=None, trust_remote_code: boo
         check_lora_targets(model, list(train.lora.target_modules))
         model = get_peft_model(model, LoraConfig(**train.lora.peft_kwargs()))
     return model
+
+
+def per_layer_settings(config) -> dict[str, list]:
+    """The config's per-layer lists (`layer_types`, and any other list with one entry per decoder layer)."""
+    depth = config.num_hidden_layers
+    return {name: value for name, value in vars(config).items()
+            if isinstance(value, (list, tuple)) and len(value) == depth and not name.startswith("_")}
+
+
+def truncate(config, layers: int) -> None:
+    """The text config of the model's first `layers` decoder layers, their per-layer lists cut to match."""
+    for name, value in per_layer_settings(config).items():
+        setattr(config, name, type(value)(value[:layers]))
+    config.num_hidden_layers = layers
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers (transformers' no-split modules: FSDP's units), in order."""
+    block_types = set(transformers_model(model)._no_split_modules or ())
+    return [m for m in model.modules() if type(m).__name__ in block_types]
+
+
+def layer_signature(layer) -> tuple:
+    """What makes two decoder layers of one model cost the same: their module types and their parameters' names,
+    shapes and trainability (a MoE layer beside a dense one, or LoRA on some layers only, differ here). Not the
+    dtypes, which the build sets for the whole model."""
+    return (tuple((name, type(module).__name__) for name, module in layer.named_modules()),
+            tuple((name, tuple(p.shape), p.requires_grad) for name, p in layer.named_parameters()))
+
+
+class LayerStack(NamedTuple):
+    depth: int  # decoder layers (num_hidden_layers)
+    signature: tuple | None  # every layer's layer_signature, when they are all the same
+    differs: str | None  # why the layers are not identical copies (then the plan traces the whole model)
+
+
+@functools.lru_cache(maxsize=32)
+def layer_stack(model_dir: str, method: str, lora: str | None, trust_remote_code: bool) -> LayerStack:
+    """Whether the model's decoder layers are identical copies, so that a step's cost grows by the same amount with
+    each: per-layer config lists (`layer_types`: sliding-window or linear-attention layers between full ones) must
+    hold one value, and every layer the same modules and parameters (no dense layers between MoE ones)."""
+    from transformers import AutoConfig
+
+    train = Train(method=method, lora=json.loads(lora) if lora else None)
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code).get_text_config()
+    depth = config.num_hidden_layers
+    varying = [name for name, value in per_layer_settings(config).items() if len({repr(v) for v in value}) > 1]
+    if varying:
+        return LayerStack(depth, None, f"config.{varying[0]} differs between layers")
+    layers = decoder_layers(meta_model(Path(model_dir), train, trust_remote_code=trust_remote_code))
+    if len(layers) != depth:
+        return LayerStack(depth, None, f"{len(layers)} decoder blocks found for num_hidden_layers {depth}")
+    signatures = {layer_signature(layer) for layer in layers}
+    if len(signatures) > 1:
+        return LayerStack(depth, None, f"its {depth} decoder layers differ in modules or parameters")
+    return LayerStack(depth, signatures.pop(), None)
 
 
 def count_parameters(model_dir: Path, train: Train, trust_remote_code: bool = False) -> dict[str, Any]:
@@ -60,9 +121,7 @@ def quantized_linears(model) -> list[int]:
 
 def largest_block(model) -> int:
     """Parameters of the largest unit FSDP would wrap: a decoder layer (transformers' no-split modules)."""
-    block_types = set(transformers_model(model)._no_split_modules or ())
-    sizes = [sum(p.numel() for p in m.parameters()) for m in model.modules() if type(m).__name__ in block_types]
-    return max(sizes, default=0)
+    return max((sum(p.numel() for p in m.parameters()) for m in decoder_layers(model)), default=0)
 
 
 def transformers_model(model):
