@@ -128,3 +128,67 @@ def test_this_venv_holds_the_main_lock():
     wrong = {name: (version, installed.get(name)) for name, version in locked_versions(REPO / "envs/xtrain.lock").items()
              if installed.get(name) != version}
     assert not wrong, f"locked vs installed: {wrong}; run `make venv`"
+
+
+def probe_wheel(folder: Path, version: str) -> Path:
+    """A one-module wheel, xtrain-store-probe `version` (VALUE = version), for pip to install offline."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"xtrain_store_probe-{version}-py3-none-any.whl"
+    info = f"xtrain_store_probe-{version}.dist-info"
+    files = {"xtrain_store_probe.py": f"VALUE = {version!r}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: xtrain-store-probe\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(wheel, "w") as archive:  # dated 1980: the same bytes, so the same hash, every time
+        for name, text in files.items():
+            archive.writestr(zipfile.ZipInfo(name), text)
+    return wheel
+
+
+def probe_spec(project: Path, wheels: Path, version: str) -> Path:
+    """envs/probe.yaml pinning xtrain-store-probe `version`, and its lock with the wheel's hash."""
+    import hashlib
+
+    wheel = probe_wheel(wheels, version)
+    (project / "envs").mkdir(parents=True, exist_ok=True)
+    spec = project / "envs" / "probe.yaml"
+    spec.write_text(f"dependencies:\n  - pip:\n      - xtrain-store-probe=={version}\n")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    lock_file(spec).write_text(f"xtrain-store-probe=={version} \\\n    --hash=sha256:{digest}\n")
+    return spec
+
+
+def test_a_lock_is_built_once_in_the_store_and_every_clone_links_to_that_build(tmp_path, monkeypatch, caplog):
+    """Two clones ask for the same lock: one install, both `.venvs/probe` link to it; Snakemake deleting ready.json
+    before a rerun costs a link, not an install; a new lock gets a build of its own, and the first stays."""
+    import logging
+
+    monkeypatch.setenv("XTRAIN_ENV_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "wheels"))
+    caplog.set_level(logging.INFO, logger="xtrain.project.envs")
+    first, second = tmp_path / "clone1", tmp_path / "clone2"
+    for clone in (first, second):
+        build(probe_spec(clone, tmp_path / "wheels", "1.0"), clone / ".venvs" / "probe")
+    home = (first / ".venvs" / "probe").resolve()
+    assert home.parent == tmp_path / "store" and (second / ".venvs" / "probe").resolve() == home
+    assert caplog.text.count("reused") == 1, "the second clone installs nothing"
+
+    def value(clone: Path) -> str:
+        python = clone / ".venvs" / "probe" / "bin" / "python"
+        return subprocess.run([python, "-c", "import xtrain_store_probe as p; print(p.VALUE)"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    assert value(first) == value(second) == "1.0"
+    ready = json.loads((first / ".venvs" / "probe" / "ready.json").read_text())
+    assert ready["store"] == str(home) and ready["lock"].endswith("probe.lock")
+
+    (second / ".venvs" / "probe" / "ready.json").unlink()  # what Snakemake does before rerunning the rule
+    build(second / "envs" / "probe.yaml", second / ".venvs" / "probe")
+    assert caplog.text.count("reused") == 2 and value(second) == "1.0"
+
+    build(probe_spec(second, tmp_path / "wheels", "2.0"), second / ".venvs" / "probe")
+    assert (second / ".venvs" / "probe").resolve() != home and value(second) == "2.0"
+    assert value(first) == "1.0", "the other clone's build is left as it was"

@@ -5,19 +5,23 @@ next to it (every transitive package at one version, with hashes), written from 
 through uv): `envs/<name>.lock` with torch's CPU build, `envs/<name>-cuda.lock` with PyPI's torch (the CUDA
 build and its nvidia-* packages). `make venv` installs `.venv` from envs/xtrain.lock (`XTRAIN_ACCELERATOR=cuda`:
 envs/xtrain-cuda.lock); `build` installs a backend's lock into the virtual environment `.venvs/<backend>/` (CPU)
-or `.venvs/<backend>-cuda/`, whose interpreter then runs the backend's native command. `snakemake --sdm conda`
-builds the spec itself (pip resolves the rest there; on a GPU node PyPI's torch is the CUDA build). A build
-counts only once its `ready.json` (which records the hash of the spec and its lock) is written: an interrupted
-build is redone from scratch.
+or `.venvs/<backend>-cuda/`, whose interpreter then runs the backend's native command. That folder links to the
+lock's build in the environment store (`$XDG_CACHE_HOME/xtrain/venvs`), made once per lock for every clone of the
+project on the machine: a second clone, a CI run or a worktree reuses it, and a new lock gets a build of its own.
+`snakemake --sdm conda` builds the spec itself (pip resolves the rest there; on a GPU node PyPI's torch is the
+CUDA build). A build counts only once its `ready.json` (which records the hash of the spec and its lock) is
+written: an interrupted build is redone from scratch.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +39,10 @@ log = logging.getLogger(__name__)
 
 VENVS = Path(".venvs")
 READY = "ready.json"
+# The environment store (`store_folder`): each lock's build, shared by the project's clones, and the file that marks a
+# build there finished (Snakemake deletes a rule's output, ready.json, before it runs the rule again).
+STORE = "XTRAIN_ENV_STORE"
+COMPLETE = "complete.json"
 # What a lock is resolved for: this project's machines (CPython 3.11, x86-64 Linux). Torch's CPU build
 # (2.13.0+cpu) comes from the local wheel folder (the find-links of this machine's pip configuration), which the
 # lock names so that pip finds it there; PyPI's torch 2.13.0 is the CUDA build, with the nvidia-* packages.
@@ -127,22 +135,52 @@ def install_command(python: str, lock_path: Path) -> list[str]:
 
 
 def build(spec: Path, target: Path, uninstall: list[str] = (), accelerator: str = "cpu") -> None:
-    """Create `target` as a virtual environment holding exactly the spec's lock for `accelerator`."""
+    """Make `target` a virtual environment holding exactly the spec's lock for `accelerator` (less `uninstall`): a
+    link to its build in the environment store (`store_folder`), installed there the first time any clone of the
+    project asks for that lock, and reused by every later one."""
     lock_path = lock_file(spec, accelerator)
     if stale := stale_pins(spec, accelerator):
         raise XtrainError(f"{lock_path} does not hold {spec}'s pins {stale}: run `make lock` and commit the lock")
-    shutil.rmtree(target, ignore_errors=True)
+    digest = spec_hash(spec, accelerator)
+    home = store_folder(target.name, hashlib.sha256(f"{digest} {sorted(uninstall)}".encode()).hexdigest())
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with open(home.parent / f".{home.name}.lock", "w") as builder:
+        fcntl.flock(builder, fcntl.LOCK_EX)  # one build of a lock at a time, whichever clone asks
+        if (home / COMPLETE).is_file():
+            log.info("%s: the build of %s in %s, reused", target, lock_path, home)
+        else:
+            install(home, lock_path, uninstall)
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    else:
+        shutil.rmtree(target, ignore_errors=True)  # a build from before the store, installed in place
     target.parent.mkdir(parents=True, exist_ok=True)
-    run_command([sys.executable, "-m", "venv", str(target)])
-    python = str(target / "bin" / "python")
+    target.symlink_to(home, target_is_directory=True)
+    write_json(target / READY, {"spec": str(spec), "lock": str(lock_path), "sha256": digest,
+                                "uninstalled": list(uninstall), "store": str(home)})
+
+
+def store_folder(name: str, digest: str) -> Path:
+    """Where the build of one lock lives: `$XTRAIN_ENV_STORE` (default `$XDG_CACHE_HOME/xtrain/venvs`), one folder
+    per environment name and hash of its spec, lock and removed packages. A virtual environment cannot be moved (its
+    scripts name their interpreter's path), so it is built there and each clone's `.venvs/<name>` links to it."""
+    root = os.environ.get(STORE) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xtrain" / "venvs"
+    return Path(root).resolve() / f"{name}-{digest[:16]}"
+
+
+def install(home: Path, lock_path: Path, uninstall: list[str]) -> None:
+    """A new virtual environment at `home` with exactly the lock's packages, less `uninstall`; COMPLETE written last,
+    so an interrupted build is redone from scratch."""
+    shutil.rmtree(home, ignore_errors=True)
+    run_command([sys.executable, "-m", "venv", str(home)])
+    python = str(home / "bin" / "python")
     run_command(install_command(python, lock_path))
     if uninstall:
         run_command([python, "-m", "pip", "uninstall", "--yes", *uninstall])
     check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True)
     if check.returncode:
-        log.warning("pip check in %s reports:\n%s", target, check.stdout.strip())
-    write_json(target / READY, {"spec": str(spec), "lock": str(lock_path), "sha256": spec_hash(spec, accelerator),
-                                "uninstalled": list(uninstall)})
+        log.warning("pip check in %s reports:\n%s", home, check.stdout.strip())
+    write_json(home / COMPLETE, {"lock": str(lock_path.resolve()), "uninstalled": list(uninstall)})
 
 
 def is_built(spec: Path, target: Path, accelerator: str = "cpu") -> bool:
