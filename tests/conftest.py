@@ -25,7 +25,12 @@ from xtrain.recipe import DATA_KINDS, Data, DataSource, Eval, Hardware, Train  #
 from xtrain.train.run import run_training  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-# Caches (the plan's CPU probe, Hugging Face's) go to a fresh folder: tests neither read nor leave state in ~/.cache.
+# The backends' environments are built in the machine's environment store (xtrain.project.envs), once per lock for
+# every clone: a CI run in a fresh clone reuses the builds of the last one, and builds a changed lock anew.
+os.environ.setdefault("XTRAIN_ENV_STORE", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                              / "xtrain" / "venvs"))
+# Other caches (the plan's CPU probe, Hugging Face's) go to a fresh folder: tests neither read nor leave them in
+# ~/.cache.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="xtrain-tests-cache-")
 # A fixed CPU probe (xtrain.plan.probe): no plan in the tests depends on this machine's speed or load.
 os.environ["XTRAIN_CPU_PROBE"] = "1.2e11,2.0e-6"
