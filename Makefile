@@ -49,9 +49,10 @@ showcase-model: venv
 	$(BIN)/snakemake --cores all models/SmolLM2-135M-Instruct
 
 # Two test processes, each file's tests in one of them (module fixtures are shared within a file): while
-# one waits on Slurm, pip or apt, the other trains. Each trains on one thread (tests/conftest.py).
+# one waits on Slurm, pip or apt, the other trains. Each trains on one thread (tests/conftest.py). Files go out
+# in collection order, the longest first (tests/conftest.py's LONG_FILES), not xdist's by number of tests.
 test: venv
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The Snakemake workflow catalog's standard: lint clean and snakefmt-formatted (line length in pyproject.toml).
 lint: venv

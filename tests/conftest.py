@@ -148,10 +148,12 @@ HANG_SECONDS = 1800
 
 
 def snakemake(
-    cwd: Path, *args: str, check: bool = True, timeout: int = HANG_SECONDS, env: dict | None = None
+    cwd: Path, *args: str, check: bool = True, timeout: int = HANG_SECONDS, env: dict | None = None,
+    program: tuple[str, ...] = (SNAKEMAKE,),
 ) -> subprocess.CompletedProcess:
+    """Run `program` (Snakemake's command line) in `cwd`; `check`: fail the test, with its output, if it fails."""
     result = subprocess.run(
-        [SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        [*program, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
         env=None if env is None else {**os.environ, **env},
     )
     if check and result.returncode != 0:
@@ -169,3 +171,29 @@ def scheduled_jobs(output: str) -> set[tuple[str, str | None]]:
     rules_with_recipe = {rule for rule, _ in with_recipe}
     others = {(rule, None) for rule in RULE.findall(output) if rule not in rules_with_recipe and rule != "all"}
     return with_recipe | others
+
+
+# Files whose tests take minutes, longest first (seconds: their tests among the slowest 40 of one run of
+# `make test` here, 2026-12-06, load 2-4). `make test` hands whole files to its two workers in collection order
+# (--dist loadfile --no-loadscope-reorder): these go first, and the short files fill in behind them. xdist's own
+# order, by number of tests, started the Slurm file (3 tests, one cluster, so one worker) among the last.
+LONG_FILES = (
+    "test_gpu_recipes.py",  # 1,155
+    "test_slurm.py",  # 815 (before the polling, freezing and shared-chain changes of 2026-12-06)
+    "test_smoke.py",  # 253
+    "test_dvc.py",  # 194
+    "test_workflow.py",  # 182
+    "test_robustness.py",  # 168
+    "test_chain.py",  # 136
+    "test_preference.py",  # 105
+    "test_export.py",  # 100
+    "test_report.py",  # 92
+    "test_backend_axolotl.py",  # 75
+    "test_train.py",  # 64
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of LONG_FILES first, in its order; every file's tests stay together and in their order."""
+    rank = {name: index for index, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))
