@@ -38,33 +38,71 @@ CONFIGS = {  # name: (method, kl_weight, max_completion_length, global batch (co
     "lora-kl0.05": ("lora", 0.05, 8, 16, 4),
     "lora-kl0-c32": ("lora", 0.0, 32, 16, 4),
     "full-kl0.05": ("full", 0.05, 8, 16, 4),
+    # Not checked: the run GRPO_STEP_OPS (plan.generation) is fitted on.
+    "fit-full-kl0-c16": ("full", 0.0, 16, 8, 2),
 }
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 TRAIN = """
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
+import torch
+import transformers
 import transformers.generation.utils as generation
+import trl
 from xtrain.recipe import Train, Hardware
 from xtrain.train.run import run_training
 
-spent = {"seconds": 0.0, "calls": 0}
-original = generation.GenerationMixin.generate
-def timed(self, *args, **kwargs):
-    started = time.perf_counter()
-    try:
-        return original(self, *args, **kwargs)
-    finally:
-        spent["seconds"] += time.perf_counter() - started
-        spent["calls"] += 1
-generation.GenerationMixin.generate = timed
+# Seconds inside each part of a GRPO step, summed over the run, and each optimizer step's time (the first one pays
+# one-off set-up that the later ones do not). On one thread the clock is the process's CPU time: what the step costs
+# on a quiet core, whatever the neighbours' load (on several, CPU time would count OpenMP's spinning too).
+threads = int(sys.argv[6])
+torch.set_num_threads(threads)
+clock = time.process_time if threads == 1 else time.perf_counter
+parts = {}
+def timed(owner, name, label=None):
+    original = getattr(owner, name)
+    def wrapper(*args, **kwargs):
+        key = label(*args, **kwargs) if callable(label) else (label or name)
+        started = clock()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            parts.setdefault(key, []).append(clock() - started)
+    setattr(owner, name, wrapper)
+timed(generation.GenerationMixin, "generate")
+timed(trl.GRPOTrainer, "_generate_and_score_completions", "generate_and_score")
+timed(trl.GRPOTrainer, "_calculate_rewards", "rewards")
+timed(trl.GRPOTrainer, "_get_per_token_logps_and_entropies",
+      lambda *a, **k: "logps_train" if torch.is_grad_enabled() else "logps_scoring")
+timed(transformers.Trainer, "training_step")
+# Outside the micro-steps: the optimizer, the step's callbacks (xtrain's events among them) and the step's logging.
+import accelerate.optimizer
+timed(accelerate.optimizer.AcceleratedOptimizer, "step", "optimizer_step")
+timed(transformers.trainer_callback.CallbackHandler, "on_step_end", "callbacks_step_end")
+timed(transformers.Trainer, "_maybe_log_save_evaluate", "log_save_evaluate")
+steps = []
+class Steps(transformers.TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        steps.append(clock())
+    def on_train_end(self, args, state, control, **kwargs):
+        steps.append(clock())
+original_init = transformers.Trainer.__init__
+def init(self, *args, **kwargs):
+    original_init(self, *args, **kwargs)
+    self.add_callback(Steps())
+transformers.Trainer.__init__ = init
 model, prepared, plan, train, out = sys.argv[1:6]
 run_training(model_dir=Path(model), prepared_dir=Path(prepared), plan_path=Path(plan),
-             train=Train.model_validate_json(train), hardware=Hardware(), out=Path(out) / "checkpoint",
+             train=Train.model_validate_json(train), hardware=Hardware(cpus=threads), out=Path(out) / "checkpoint",
              work_dir=Path(out) / "runs")
-Path(out, "generate.json").write_text(json.dumps(spent))
+parts["step_walls"] = [round(b - a, 4) for a, b in zip(steps, steps[1:])]
+Path(out, "parts.json").write_text(json.dumps(parts))
 """
 MIB = 2**20
+# generate's sampling as GRPOTrainer configures it (TRL 1.16's defaults: no top-k, top-p 1, no repetition penalty),
+# not transformers' own default top-k of 50, which sorts the vocabulary at every new token.
+SAMPLING = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0, "repetition_penalty": 1.0}
 
 
 def count_loop_ops(model_dir: Path, tokens: int = 16, rows: int = 2) -> dict:
@@ -88,13 +126,63 @@ def count_loop_ops(model_dir: Path, tokens: int = 16, rows: int = 2) -> dict:
     def ops(new: int) -> int:
         counter = Counter()
         with counter, torch.no_grad():
-            model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=new,
-                           min_new_tokens=new, pad_token_id=model.config.pad_token_id)
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                           pad_token_id=model.config.pad_token_id, **SAMPLING)
         return counter.ops
 
     per_token = (ops(tokens) - ops(1)) / (tokens - 1)
     forward = forward_trace(model_dir, Train(method="full"), "fp32", False).ops
     return {"ops_per_new_token": per_token, "forward_ops": forward, "loop_ops": per_token - forward}
+
+
+def decode(model_dir: Path, method: str, rows: int, prompt: int, tokens: tuple[int, ...], repeats: int) -> list[str]:
+    """`generate`'s seconds on `rows` prompts of `prompt` tokens for each count of new tokens, on one thread's CPU
+    time (best of `repeats`), beside what `generation.generation_seconds` predicts for the same batch: the runs the
+    decoding terms are fitted on (not the GRPO steps they are checked on)."""
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from xtrain.plan.generation import Sampling, forward_trace, generation_seconds
+    from xtrain.plan.model import count_parameters
+    from xtrain.plan.probe import fixed_probe
+    from xtrain.plan.speed import CPU_MATMUL_EFFICIENCY, CPU_OP_COST_FACTOR
+    from xtrain.recipe import Train
+
+    torch.set_num_threads(1)
+    train = Train(method=method, lora=LORA if method == "lora" else None)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if method == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
+                                                 target_modules=LORA["target_modules"]))
+    model.eval()
+    ids = torch.randint(4, model.config.vocab_size, (rows, prompt))
+    probe = fixed_probe(os.environ["XTRAIN_CPU_PROBE"])
+    rates = {"matmul_flops": probe["matmul_flops"] * CPU_MATMUL_EFFICIENCY["fp32"],
+             "op_seconds": probe["op_seconds"] * CPU_OP_COST_FACTOR, "cpu_probe": probe}
+    trace = forward_trace(model_dir, train, "fp32", False)
+    params = count_parameters(model_dir, train, False)
+
+    def measured(new: int) -> float:
+        def once() -> float:
+            started = time.process_time()
+            with torch.no_grad():
+                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                               min_new_tokens=new, pad_token_id=model.config.pad_token_id or 0, **SAMPLING)
+            return time.process_time() - started
+        once()
+        return min(once() for _ in range(repeats))
+
+    lines = []
+    for new in tokens:
+        predicted = generation_seconds(trace, params, Sampling(rows, prompt, new, 1.0, False), rates)
+        seconds = measured(new)
+        lines.append(f"| {model_dir.name} {method} | {rows} x {prompt} | {new} | {predicted:.3f} | {seconds:.3f} | "
+                     f"**{predicted / seconds:.2f}** |")
+    return lines
 
 
 def recipe_for(name: str):
@@ -111,7 +199,7 @@ def recipe_for(name: str):
     return Recipe.model_validate(data)
 
 
-def run(name: str, model: Path, steps: int, work: Path) -> str:
+def run(name: str, model: Path, steps: int, work: Path, threads: int) -> str:
     from xtrain.artifacts import read_json
     from xtrain.data.pipeline import prepare
     from xtrain.plan import make_plan, write_plan
@@ -123,42 +211,78 @@ def run(name: str, model: Path, steps: int, work: Path) -> str:
     train = recipe.train.model_copy(update={"max_steps": steps})
     manifest = prepare([ROOT / source.path for source in recipe.data.sources], model, recipe.data, work / "prepared",
                        kind="prompts", prompt_settings=stage_params(recipe, "prepare")["prompts"])
-    plan = make_plan(model, manifest, train, Hardware())
+    plan = make_plan(model, manifest, train, Hardware(cpus=threads))
     write_plan(work / "plan.json", plan)
     env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
+    env |= {variable: str(threads) for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")}
     if allocator.available():
         env["LD_PRELOAD"] = allocator.available()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     trained = subprocess.run([sys.executable, "-c", TRAIN, str(model), str(work / "prepared"), str(work / "plan.json"),
-                              train.model_dump_json(), str(work)], cwd=ROOT, env=env, capture_output=True, text=True)
+                              train.model_dump_json(), str(work), str(threads)], cwd=ROOT, env=env, capture_output=True, text=True)
     if trained.returncode:
         raise SystemExit(f"the train stage failed:\n{trained.stderr[-3000:]}")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     if peak <= before * 1024:
         raise SystemExit("an earlier run's peak hides this one's: run one configuration per invocation")
     metrics = read_json(work / "checkpoint/train_metrics.json")
-    generate = json.loads((work / "generate.json").read_text())
+    parts = json.loads((work / "parts.json").read_text())
+    walls = parts.pop("step_walls")
+    # Each part's seconds per optimizer step after the first (which pays one-off set-up: measured apart).
+    steady = {key: round(sum(calls[len(calls) // steps:]) / (steps - 1), 4) for key, calls in parts.items()}
+    print(json.dumps({"parts_per_step_after_the_first": steady, "step_seconds": walls,
+                      "predicted": predicted_parts(plan)}))
     phase = plan.generation
     # The peak RSS the plan predicts: its host-memory request without the request's margin (as bench_plan_real).
     predicted_host = plan.resources.mem_mb * MIB / HOST_REQUEST_MARGIN
-    step_seconds = metrics["trainer_runtime_seconds"] / steps
+    # The steps after the first, on the child's clock (one thread: CPU seconds); the first apart.
+    step_seconds = sum(walls[1:]) / (steps - 1)
     lengths = [entry["completions/mean_length"] for entry in metrics["rl"]]
     return (f"| {name} | {plan.precision}, micro {plan.layout.micro_batch_size} x {plan.layout.gradient_accumulation_steps}"
-            f" | {sum(lengths) / len(lengths):.1f} of {phase.completion_tokens} | {phase.seconds_per_step:.2f} | "
-            f"{generate['seconds'] / steps:.2f} | {plan.time.seconds_per_step:.2f} | {step_seconds:.2f} | "
+            f" | {sum(lengths) / len(lengths):.1f} of {phase.completion_tokens} | {phase.seconds_per_step:.3f} | "
+            f"{steady['generate']:.3f} | {plan.time.seconds_per_step:.3f} | {step_seconds:.3f} | {walls[0]:.2f} | "
             f"**{plan.time.seconds_per_step / step_seconds:.2f}** | {phase.peak_bytes_per_device / MIB:.1f} / "
             f"{phase.training_peak_bytes_per_device / MIB:.1f} | {predicted_host / MIB:.0f} | {peak / MIB:.0f} | "
-            f"**{predicted_host / peak:.2f}** | {generate['calls']} |")
+            f"**{predicted_host / peak:.2f}** |")
+
+
+def predicted_parts(plan) -> dict:
+    """The plan's step split as the measured parts are: generation, and the rest (training micro-steps, scoring)."""
+    generation = plan.generation.seconds_per_step
+    return {"generate": generation, "training_and_scoring": round(plan.time.seconds_per_step - generation, 4)}
+
+
+def probe_on_cpu_time(width: int) -> str:
+    """The CPU probe of one thread, measured as `xtrain.plan.probe` measures it but on this process's CPU time: what
+    a quiet core does, read through the neighbours' load (XTRAIN_CPU_PROBE's form)."""
+    import time
+    import types
+
+    from xtrain.plan import probe
+
+    probe.time = types.SimpleNamespace(perf_counter=time.process_time)
+    try:
+        figures = probe.measure("fp32", width, 1)
+    finally:
+        probe.time = time
+    return f"{figures['matmul_flops']},{figures['op_seconds']}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("ops", "run"))
+    parser.add_argument("what", choices=("ops", "run", "decode"))
+    parser.add_argument("--method", choices=("lora", "full"), default="full", help="decode: the model as trained")
+    parser.add_argument("--rows", type=int, default=16, help="decode: sequences generated at once")
+    parser.add_argument("--prompt", type=int, default=30, help="decode: prompt tokens")
+    parser.add_argument("--tokens", default="1,8,32", help="decode: new-token counts")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--config", choices=sorted(CONFIGS), default="lora-kl0")
     parser.add_argument("--model", type=Path, default=ROOT / "models/tiny-llama")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--probe-now", action="store_true", help="plan with the CPU probe measured now, under the "
                         "machine's present load, rather than the recorded one (XTRAIN_CPU_PROBE)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads of the train job, and "
+                        "the plan's hardware.cpus; 1: every time (the probe's, the steps') is the process's CPU time")
     args = parser.parse_args()
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"{args.model}: no model there; build it with `snakemake models/tiny-llama` (or pass --model)")
@@ -166,17 +290,29 @@ def main() -> None:
     if args.what == "ops":
         print(json.dumps(count_loop_ops(args.model)))
         return
-    if args.probe_now:  # the figures of this moment's load, for the plan and nothing else
+    width = json.loads((args.model / "config.json").read_text())["hidden_size"]
+    if args.threads == 1 and not os.environ.get("XTRAIN_CPU_PROBE"):
+        os.environ["XTRAIN_CPU_PROBE"] = probe_on_cpu_time(width)
+        print(f"probe on CPU time, one thread: {os.environ['XTRAIN_CPU_PROBE']}")
+    elif args.probe_now and not os.environ.get("XTRAIN_CPU_PROBE"):  # the figures of this moment's load, for the plan and nothing else
         from xtrain.plan.probe import measure
 
-        figures = measure("fp32", json.loads((args.model / "config.json").read_text())["hidden_size"], os.cpu_count())
+        figures = measure("fp32", width, args.threads)
         os.environ["XTRAIN_CPU_PROBE"] = f"{figures['matmul_flops']},{figures['op_seconds']}"
         print(f"probe now: {os.environ['XTRAIN_CPU_PROBE']}")
+    if args.what == "decode":
+        if args.threads != 1:
+            raise SystemExit("decode measures one thread's CPU time: pass --threads 1")
+        print("| model | rows x prompt | new tokens | predicted s | measured CPU s | ratio |\n| --- | --- | --- | --- | --- | --- |")
+        print("\n".join(decode(args.model.resolve(), args.method, args.rows, args.prompt,
+                               tuple(int(n) for n in args.tokens.split(",")), args.repeats)))
+        print(f"load average {os.getloadavg()[0]:.2f} after")
+        return
     with tempfile.TemporaryDirectory() as work:
         print("| config | plan | completion tokens (mean of max) | generation s/step predicted | measured | "
-              "step s predicted | measured | ratio | plan peak MiB (generation / training) | host MiB predicted | "
-              "peak RSS MiB | ratio | generate calls |")
-        print(run(args.config, args.model.resolve(), args.steps, Path(work)))
+              "step s predicted | measured (steps 2+) | first step | ratio | plan peak MiB (generation / training) | "
+              "host MiB predicted | peak RSS MiB | ratio |")
+        print(run(args.config, args.model.resolve(), args.steps, Path(work), args.threads))
     print(f"load average {os.getloadavg()[0]:.2f} after")
 
 

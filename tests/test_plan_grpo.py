@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from xtrain.plan import make_plan
-from xtrain.plan.generation import GENERATE_LOOP_OPS
+from xtrain.plan.generation import (GENERATE_LOOP_OPS, GRPO_STEP_OPS, NO_GRAD_OP_SHARE, ForwardTrace, Sampling,
+                                    generation_seconds)
 from xtrain.recipe import Hardware, Train
 
 # The tiny model: 2 layers, 2 key-value heads of 24 dimensions, weights in fp32 on the CPU.
@@ -51,7 +52,10 @@ def test_the_generation_phase_holds_the_kv_cache_of_every_completion_at_full_len
 def test_longer_completions_cost_cache_and_time(tiny_model):
     short, long = (plan_of(tiny_model, grpo(rl={"max_completion_length": n})) for n in (8, 64))
     assert long.generation.kv_cache_bytes == short.generation.kv_cache_bytes * (PROMPT + 64) // (PROMPT + 8)
-    assert long.generation.seconds > 6 * short.generation.seconds  # one decode forward per new token
+    # One decode forward per new token: 56 more cost over 4 times the prompt's forward and 8 tokens (GRPOTrainer's
+    # bookkeeping is once per batch whatever its length).
+    fixed = GRPO_STEP_OPS * short.time.op_seconds
+    assert long.generation.seconds - short.generation.seconds > 4 * (short.generation.seconds - fixed)
     assert long.time.seconds_per_step - long.generation.seconds_per_step > (
         short.time.seconds_per_step - short.generation.seconds_per_step)  # and a longer training row
 
@@ -94,3 +98,19 @@ def test_an_sft_plan_has_no_generation_phase(tiny_model):
                 "splits": {"train": {**MANIFEST["splits"]["train"], "supervised_tokens": 1000}}}
     plan = make_plan(tiny_model, manifest, Train(global_batch_size=16, max_steps=10), Hardware())
     assert plan.generation is None and "kv_cache" not in plan.memory.breakdown_bytes
+
+
+def test_generation_time_counts_ops_at_their_no_grad_cost_and_the_trainers_bookkeeping_once_per_batch():
+    # An op-bound model (as the tiny one is on a CPU): FLOPs cost next to nothing at this rate.
+    trace, params, rates = ForwardTrace(flops_per_token=0.0, ops=100), {"layers": 2, "hidden_size": 96}, {
+        "matmul_flops": 1e15, "op_seconds": 1e-5}
+    short, long = (generation_seconds(trace, params, Sampling(16, 20, tokens, 1.0, False), rates) for tokens in (8, 16))
+    per_token = (long - short) / 8
+    assert per_token == pytest.approx((100 + GENERATE_LOOP_OPS) * 1e-5 * NO_GRAD_OP_SHARE, rel=1e-3)
+    assert NO_GRAD_OP_SHARE < 1  # a no-grad op records nothing for autograd: cheaper than a training step's
+    # What is left besides the new tokens: the prefill forward's ops and GRPOTrainer's work around the batch, whatever
+    # the batch's size.
+    fixed = short - 8 * per_token
+    assert fixed == pytest.approx(100 * 1e-5 * NO_GRAD_OP_SHARE + GRPO_STEP_OPS * 1e-5, rel=1e-3)
+    wide = generation_seconds(trace, params, Sampling(64, 20, 8, 1.0, False), rates)
+    assert wide == pytest.approx(short, rel=1e-3)

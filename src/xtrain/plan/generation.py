@@ -32,9 +32,19 @@ from .memory import BYTES, Step, torch_dtype
 from .model import meta_model, transformers_model
 
 # `generate`'s own ops per new token besides the model's forward (logits processors, sampling, stopping criteria,
-# the cache position and attention-mask updates): counted on real tensors by bench/bench_grpo_plan.py on the tiny
-# model (transformers 5.24).
-GENERATE_LOOP_OPS = 44
+# the cache position and attention-mask updates), sampling as GRPOTrainer configures it (no top-k, top-p 1): counted
+# on real tensors by `bench/bench_grpo_plan.py ops` on the tiny model (transformers 5.24).
+GENERATE_LOOP_OPS = 39
+# What one op costs while generating, as a share of a training step's op (`time.op_seconds`): under no_grad nothing
+# is recorded for autograd. Fitted with `bench/bench_grpo_plan.py decode` (one thread's CPU time, so the neighbours'
+# load does not count): generate on the tiny model at 4 and 64 rows x 10 and 100 prompt tokens, LoRA at 32 x 60,
+# 10-11 us per op against the probe's bare 5.0 us (a training op: 4 x 5.0 us), not on the GRPO steps it is checked on.
+NO_GRAD_OP_SHARE = 0.55
+# GRPOTrainer's own work around each generation batch and optimizer step, in ops of `time.op_seconds`: tokenizing
+# the prompts, the reward calls, advantages and masks, and the step's metrics and logging (0.032 CPU s a step on the
+# tiny model, of which `Trainer._maybe_log_save_evaluate` 0.027 with logging every step). Fitted on
+# bench/bench_grpo_plan.py's `fit-full-kl0-c16` run (not one of the configurations it is checked on).
+GRPO_STEP_OPS = 1600
 # Bytes per position of the last token's logits while sampling: the logits in the weights' dtype, their fp32 copy,
 # the processed scores and the probabilities (fp32 each).
 SAMPLING_COPIES_FP32 = 3
@@ -145,13 +155,15 @@ def _forward_trace(model_dir: str, method: str, lora: str | None, weights_dtype:
 
 def generation_seconds(trace: ForwardTrace, params: dict, batch: Sampling, rates: dict) -> float:
     """Seconds of one generation batch on one device: the prompts' forward (prefill), then one forward per new token
-    with `generate`'s own ops, each attending over the context so far."""
+    with `generate`'s own ops, each attending over the context so far (ops at their no-grad cost), and GRPOTrainer's
+    own bookkeeping around the batch."""
     # Scores and values, 2 FLOPs each per context token and query width (taken as the model width), per layer.
     attention = 4 * params["layers"] * params["hidden_size"]
+    op_seconds = rates["op_seconds"] * NO_GRAD_OP_SHARE
     prefill_tokens = batch.completions * batch.prompt_tokens
     prefill = (prefill_tokens * (trace.flops_per_token + attention * batch.prompt_tokens / 2) / rates["matmul_flops"]
-               + trace.ops * rates["op_seconds"])
+               + trace.ops * op_seconds)
     mean_context = batch.prompt_tokens + batch.completion_tokens / 2
     per_new_token = (batch.completions * (trace.flops_per_token + attention * mean_context) / rates["matmul_flops"]
-                     + (trace.ops + GENERATE_LOOP_OPS) * rates["op_seconds"])
-    return prefill + batch.completion_tokens * per_new_token
+                     + (trace.ops + GENERATE_LOOP_OPS) * op_seconds)
+    return prefill + batch.completion_tokens * per_new_token + GRPO_STEP_OPS * rates["op_seconds"]

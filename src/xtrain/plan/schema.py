@@ -167,9 +167,10 @@ class Generation(Section):
                                         "tensors), before attention over the context (4 × layers × width per token)")
     ops_per_forward: int = Field(description="aten ops of one decode forward (traced)")
     ops_per_new_token: int = Field(description="the forward's ops plus generate's own (sampling, stopping, cache "
-                                   "bookkeeping: 44, counted on real tensors by bench/bench_grpo_plan.py)")
+                                   "bookkeeping: 39, counted on real tensors by bench/bench_grpo_plan.py)")
     seconds: float = Field(description="one generation batch: the prompts' forward, then per new token completions × "
-                           "FLOPs / `time.device_flops` + ops × `time.op_seconds`")
+                           "FLOPs / `time.device_flops` + ops × `time.op_seconds` × 0.55 (no autograd), and "
+                           "GRPOTrainer's bookkeeping and logging around it: 1,600 × `time.op_seconds`")
     tokens_per_second: float = Field(description="completion tokens generated per second on one device")
     seconds_per_step: float = Field(description="generation seconds per optimizer step, included in "
                                     "`time.seconds_per_step`")
