@@ -131,10 +131,12 @@ def extrapolated(runs: list[Run], depth: int) -> Trace | None:
     ends = [{key: snap for key, snap in run.segments.items() if key[-1] != "middle"} for run in (a, b)]
     if list(ends[0]) != list(ends[1]):
         return None
+
     def grow(x: int, y: int) -> int:  # whole increments: SHALLOW's depths are a layer apart
         return x + (y - x) * (depth - shallow) // (deeper - shallow)
 
-    segments = [{kind: grow(value, ends[1][key][kind]) for kind, value in snap.items()} for key, snap in ends[0].items()]
+    segments = [{kind: grow(value, ends[1][key][kind]) for kind, value in snap.items()}
+                for key, snap in ends[0].items()]
     if any(value < 0 for snap in segments for value in snap.values()):
         return None
     peak = max(segments, key=lambda snap: snap["Total"])  # the first of equal peaks, as the tracker keeps it
