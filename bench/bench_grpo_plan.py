@@ -1,7 +1,13 @@
 """Does the plan hold for GRPO? A GRPO step's predicted time (generation and training) and memory against a real run.
 
     .venv/bin/python bench/bench_grpo_plan.py ops [--model models/tiny-llama]
-    .venv/bin/python bench/bench_grpo_plan.py run --config lora-kl0 [--model models/tiny-llama] [--steps 6]
+    .venv/bin/python bench/bench_grpo_plan.py run --config lora-kl0 [--model models/tiny-llama] [--steps 6] [--threads 1]
+    .venv/bin/python bench/bench_grpo_plan.py decode --threads 1 [--model M] [--method full] [--rows 16] [--prompt 30]
+
+On a loaded machine pass `--threads 1`: the probe and every time are then the process's CPU time (what a quiet core
+spends; several threads' wall time under load measures OpenMP waiting on descheduled threads). `run` prints each part
+of a step (generate, the no-grad scoring forwards, rewards, the training forward, optimizer, logging) beside the plan's.
+`decode`: `generate` alone against `generation.generation_seconds`, the runs its no-grad op cost is fitted on.
 
 `ops`: the aten ops transformers' `generate` dispatches per new token besides the model's forward (sampling, stopping
 criteria, cache bookkeeping), counted on real tensors: (ops of generating N tokens - ops of generating 1) / (N - 1)
