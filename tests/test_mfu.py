@@ -34,6 +34,8 @@ def test_a_gpu_run_is_measured_against_the_datasheet_peak_of_all_its_devices():
     assert efficiency["mfu_peak_source"] == "datasheet: h100, 989 TFLOP/s dense bf16 × 2 devices"
     fp32 = peak.train_efficiency(100_000.0, sample_plan(memory={"device": "h100"}))
     assert fp32["mfu"] is None and "no fp32 peak" in fp32["mfu_peak_source"]
+    unknown = peak.device_peak("a800", "bf16", 1, 1)
+    assert unknown == {"flops": None, "source": "no peak for device 'a800' in xtrain.models.gpus"}
 
 
 def test_a_malformed_fixed_peak_names_the_variable(monkeypatch):

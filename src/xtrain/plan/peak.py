@@ -109,7 +109,9 @@ def device_peak(device: str, precision: str, devices: int, nodes: int) -> dict[s
         return {"flops": peak["matmul_flops"] * nodes,
                 "source": f"this CPU's {precision} matmul peak on {threads} threads ({measured})"
                           + (f" × {nodes} nodes" if nodes > 1 else "")}
-    gpu = GPUS[device]
+    gpu = GPUS.get(device)
+    if gpu is None:  # a device the table does not name: no peak to take MFU over, but the run's metrics still written
+        return {"flops": None, "source": f"no peak for device {device!r} in xtrain.models.gpus"}
     if precision == "fp32":  # the table holds 16-bit tensor-core peaks only
         return {"flops": None, "source": f"no fp32 peak for {device} in xtrain.models.gpus (16-bit only)"}
     return {"flops": gpu.peak_tflops_16bit * 1e12 * devices,
