@@ -3,11 +3,15 @@
     .venv/bin/python bench/bench_grpo_plan.py ops [--model models/tiny-llama]
     .venv/bin/python bench/bench_grpo_plan.py run --config lora-kl0 [--model models/tiny-llama] [--steps 6] [--threads 1]
     .venv/bin/python bench/bench_grpo_plan.py decode --threads 1 [--model M] [--method full] [--rows 16] [--prompt 30]
+    .venv/bin/python bench/bench_grpo_plan.py decode --threads 2 ...   (wall time: on a loaded machine, the neighbours')
 
 On a loaded machine pass `--threads 1`: the probe and every time are then the process's CPU time (what a quiet core
 spends; several threads' wall time under load measures OpenMP waiting on descheduled threads). `run` prints each part
 of a step (generate, the no-grad scoring forwards, rewards, the training forward, optimizer, logging) beside the plan's.
-`decode`: `generate` alone against `generation.generation_seconds`, the runs its no-grad op cost is fitted on.
+`decode`: `generate` alone against `generation.generation_seconds`, the runs its no-grad op cost is fitted on, and
+per new token (the difference of the last two token counts) beside the plan's terms: FLOPs at the probed matmul rate,
+weights and KV cache at the probed memory rate, sampling, ops. On one thread the clock and the probe (matmul, op and
+memory) are the process's CPU time; on more, wall time and the probe measured now, under the load of the moment.
 
 `ops`: the aten ops transformers' `generate` dispatches per new token besides the model's forward (sampling, stopping
 criteria, cache bookkeeping), counted on real tensors: (ops of generating N tokens - ops of generating 1) / (N - 1)
@@ -141,22 +145,25 @@ def count_loop_ops(model_dir: Path, tokens: int = 16, rows: int = 2) -> dict:
     return {"ops_per_new_token": per_token, "forward_ops": forward, "loop_ops": per_token - forward}
 
 
-def decode(model_dir: Path, method: str, rows: int, prompt: int, tokens: tuple[int, ...], repeats: int) -> list[str]:
-    """`generate`'s seconds on `rows` prompts of `prompt` tokens for each count of new tokens, on one thread's CPU
-    time (best of `repeats`), beside what `generation.generation_seconds` predicts for the same batch: the runs the
-    decoding terms are fitted on (not the GRPO steps they are checked on)."""
+def decode(model_dir: Path, method: str, rows: int, prompt: int, tokens: tuple[int, ...], repeats: int,
+           threads: int) -> list[str]:
+    """`generate`'s seconds on `rows` prompts of `prompt` tokens for each count of new tokens (best of `repeats`; one
+    thread: CPU time, more: wall), beside what `generation.generation_seconds` predicts for the same batch, then the
+    seconds per new token between the last two counts, measured and predicted, with the prediction's terms."""
     import time
 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from xtrain.plan import generation
     from xtrain.plan.generation import Sampling, forward_trace, generation_seconds
     from xtrain.plan.model import count_parameters
     from xtrain.plan.probe import fixed_probe
     from xtrain.plan.speed import CPU_MATMUL_EFFICIENCY, CPU_OP_COST_FACTOR
     from xtrain.recipe import Train
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
+    clock = time.process_time if threads == 1 else time.perf_counter
     train = Train(method=method, lora=LORA if method == "lora" else None)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     if method == "lora":
@@ -168,26 +175,40 @@ def decode(model_dir: Path, method: str, rows: int, prompt: int, tokens: tuple[i
     ids = torch.randint(4, model.config.vocab_size, (rows, prompt))
     probe = fixed_probe(os.environ["XTRAIN_CPU_PROBE"])
     rates = {"matmul_flops": probe["matmul_flops"] * CPU_MATMUL_EFFICIENCY["fp32"],
-             "op_seconds": probe["op_seconds"] * CPU_OP_COST_FACTOR, "cpu_probe": probe}
+             "op_seconds": probe["op_seconds"] * CPU_OP_COST_FACTOR,
+             "memory_bytes_per_second": probe["memory_bytes_per_second"], "accelerator": "cpu", "cpu_probe": probe}
     trace = forward_trace(model_dir, train, "fp32", False)
     params = count_parameters(model_dir, train, False)
 
     def measured(new: int) -> float:
         def once() -> float:
-            started = time.process_time()
+            started = clock()
             with torch.no_grad():
                 model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                min_new_tokens=new, pad_token_id=model.config.pad_token_id or 0, **SAMPLING)
-            return time.process_time() - started
+            return clock() - started
         once()
         return min(once() for _ in range(repeats))
 
-    lines = []
+    lines, runs = [], {}
     for new in tokens:
         predicted = generation_seconds(trace, params, Sampling(rows, prompt, new, 1.0, False), rates)
-        seconds = measured(new)
-        lines.append(f"| {model_dir.name} {method} | {rows} x {prompt} | {new} | {predicted:.3f} | {seconds:.3f} | "
-                     f"**{predicted / seconds:.2f}** |")
+        runs[new] = (predicted, measured(new))
+        lines.append(f"| {model_dir.name} {method} | {rows} x {prompt} | {new} | {predicted:.3f} | {runs[new][1]:.3f} | "
+                     f"**{predicted / runs[new][1]:.2f}** |")
+    if len(tokens) > 1:
+        (a, (pa, ma)), (b, (pb, mb)) = sorted(runs.items())[-2:]
+        predicted, seconds = (pb - pa) / (b - a), (mb - ma) / (b - a)
+        context = prompt + (a + b) / 2
+        flops = rows * (trace.flops_per_token + 4 * params["layers"] * params["hidden_size"] * context)
+        memory = trace.weight_bytes + rows * context * trace.kv_bytes_per_token
+        terms = {"FLOPs": flops / rates["matmul_flops"], "memory": memory / rates["memory_bytes_per_second"],
+                 "sampling": rows * params["vocab_size"] * generation.CPU_SAMPLING_SECONDS_PER_LOGIT,
+                 "ops": (trace.ops + generation.GENERATE_LOOP_OPS) * rates["op_seconds"] * generation.NO_GRAD_OP_SHARE}
+        lines.append(f"\nper new token, tokens {a} to {b}: predicted {predicted * 1e3:.1f} ms ("
+                     + ", ".join(f"{name} {value * 1e3:.1f}" for name, value in terms.items())
+                     + f"; weights {trace.weight_bytes / 1e6:.0f} MB), measured {seconds * 1e3:.1f} ms: "
+                     f"**{predicted / seconds:.2f}**")
     return lines
 
 
@@ -269,9 +290,10 @@ def probe_on_cpu_time(width: int) -> str:
     probe.time = types.SimpleNamespace(perf_counter=time.process_time)
     try:
         figures = probe.measure("fp32", width, 1)
+        memory = probe.measure_memory(width, 1)
     finally:
         probe.time = time
-    return f"{figures['matmul_flops']},{figures['op_seconds']}"
+    return f"{figures['matmul_flops']},{figures['op_seconds']},{memory['memory_bytes_per_second']}"
 
 
 def main() -> None:
@@ -300,18 +322,20 @@ def main() -> None:
     if args.threads == 1 and not os.environ.get("XTRAIN_CPU_PROBE"):
         os.environ["XTRAIN_CPU_PROBE"] = probe_on_cpu_time(width)
         print(f"probe on CPU time, one thread: {os.environ['XTRAIN_CPU_PROBE']}")
-    elif args.probe_now and not os.environ.get("XTRAIN_CPU_PROBE"):  # the figures of this moment's load, for the plan and nothing else
-        from xtrain.plan.probe import measure
+    elif (args.probe_now or args.what == "decode") and not os.environ.get("XTRAIN_CPU_PROBE"):  # the figures of this moment's load, for the plan and nothing else
+        from xtrain.plan.probe import measure, measure_memory
 
         figures = measure("fp32", width, args.threads)
-        os.environ["XTRAIN_CPU_PROBE"] = f"{figures['matmul_flops']},{figures['op_seconds']}"
+        memory = measure_memory(width, args.threads)
+        os.environ["XTRAIN_CPU_PROBE"] = (f"{figures['matmul_flops']},{figures['op_seconds']},"
+                                          f"{memory['memory_bytes_per_second']}")
         print(f"probe now: {os.environ['XTRAIN_CPU_PROBE']}")
     if args.what == "decode":
-        if args.threads != 1:
-            raise SystemExit("decode measures one thread's CPU time: pass --threads 1")
-        print("| model | rows x prompt | new tokens | predicted s | measured CPU s | ratio |\n| --- | --- | --- | --- | --- | --- |")
+        clock = "CPU" if args.threads == 1 else "wall"
+        print(f"| model | rows x prompt | new tokens | predicted s | measured {clock} s | ratio |\n"
+              "| --- | --- | --- | --- | --- | --- |")
         print("\n".join(decode(args.model.resolve(), args.method, args.rows, args.prompt,
-                               tuple(int(n) for n in args.tokens.split(",")), args.repeats)))
+                               tuple(int(n) for n in args.tokens.split(",")), args.repeats, args.threads)))
         print(f"load average {os.getloadavg()[0]:.2f} after")
         return
     with tempfile.TemporaryDirectory() as work:

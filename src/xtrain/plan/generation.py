@@ -50,6 +50,10 @@ GRPO_STEP_OPS = 1600
 SAMPLING_COPIES_FP32 = 3
 # A reference or policy log-prob forward over a sequence: a third of a training micro-step (forward + backward).
 SCORING_FORWARD = 1 / 3
+# Sampling a token on a CPU: torch.multinomial over the vocabulary's probabilities, seconds per sequence and
+# vocabulary entry (one thread on this 2-core EPYC: 5.7 ms for 16 x 16,384, 16.7 ms for 16 x 49,152: 21-22 ns), not
+# an op's fixed cost: on SmolLM2 it is a tenth of a new token's time. On a GPU it is one kernel among the loop's ops.
+CPU_SAMPLING_SECONDS_PER_LOGIT = 2.1e-8
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,9 @@ def generation_breakdown(training: dict[str, int], params: dict, train: Train, s
 class ForwardTrace:
     flops_per_token: float  # matmul FLOPs of one token's forward (attention over the context excluded)
     ops: int  # aten ops of one forward
+    weight_bytes: int  # weights one decode forward reads: all of them, but of an untied input embedding only rows
+    kv_bytes_per_token: int  # the KV cache of one token of context (all layers), read by each later token
+    head_flops: int  # of `flops_per_token`, the output head's: `generate`'s prefill keeps one position's logits
 
 
 def forward_trace(model_dir: Path, train: Train, weights_dtype: str, trust_remote_code: bool) -> ForwardTrace:
@@ -140,6 +147,10 @@ def _forward_trace(model_dir: str, method: str, lora: str | None, weights_dtype:
 
     train = Train(method=method, lora=json.loads(lora) if lora else None)
     model = meta_model(Path(model_dir), train, torch_dtype(weights_dtype), trust_remote_code)
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) - (
+        embedding.numel() * embedding.element_size() if embedding is not head else 0)
+    layers, kv_heads, head_dim = attention_shape(model_dir, trust_remote_code)
     rows = 2
     with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
         model = model.to_empty(device="cpu").eval()
@@ -150,20 +161,39 @@ def _forward_trace(model_dir: str, method: str, lora: str | None, weights_dtype:
         with counter:
             model(input_ids=torch.zeros((rows, 1), dtype=torch.long), **{name: prompt[name]}, use_cache=True,
                   logits_to_keep=1)
-    return ForwardTrace(counter.flops / rows, counter.ops)
+    return ForwardTrace(counter.flops / rows, counter.ops, weight_bytes,
+                        layers * 2 * kv_heads * head_dim * BYTES[weights_dtype], 2 * head.numel())
+
+
+def forward_seconds(compute_seconds: float, bytes_read: float, rates: dict) -> float:
+    """One no-grad forward that does `compute_seconds` of matmuls at the device's rate and reads `bytes_read` of weights
+    and KV cache from memory. A GPU overlaps the two (the slower bounds it); one CPU core does not at a decode's
+    shapes: one-row to 64-row matmuls over the 27M and SmolLM2-135M weights take the weights' bytes at the probed
+    memory rate plus their FLOPs at the probed matmul rate, within 10% (BENCHMARKS.md, "GRPO: plan vs measured")."""
+    memory_seconds = bytes_read / rates["memory_bytes_per_second"]
+    if rates["accelerator"] == "cpu":
+        return compute_seconds + memory_seconds
+    return max(compute_seconds, memory_seconds)
 
 
 def generation_seconds(trace: ForwardTrace, params: dict, batch: Sampling, rates: dict) -> float:
     """Seconds of one generation batch on one device: the prompts' forward (prefill), then one forward per new token
-    with `generate`'s own ops, each attending over the context so far (ops at their no-grad cost), and GRPOTrainer's
+    with `generate`'s own ops, each attending over the context so far and reading every weight and the KV cache so
+    far from memory (ops at their no-grad cost; on a CPU also the sampling over the vocabulary), and GRPOTrainer's
     own bookkeeping around the batch."""
     # Scores and values, 2 FLOPs each per context token and query width (taken as the model width), per layer.
     attention = 4 * params["layers"] * params["hidden_size"]
     op_seconds = rates["op_seconds"] * NO_GRAD_OP_SHARE
     prefill_tokens = batch.completions * batch.prompt_tokens
-    prefill = (prefill_tokens * (trace.flops_per_token + attention * batch.prompt_tokens / 2) / rates["matmul_flops"]
-               + trace.ops * op_seconds)
+    # The prompt's forward computes the output head at its last position only (`logits_to_keep=1`).
+    prefill_flops = (prefill_tokens * (trace.flops_per_token - trace.head_flops + attention * batch.prompt_tokens / 2)
+                     + batch.completions * trace.head_flops)
+    prefill = forward_seconds(prefill_flops / rates["matmul_flops"], trace.weight_bytes, rates) + trace.ops * op_seconds
     mean_context = batch.prompt_tokens + batch.completion_tokens / 2
-    per_new_token = (batch.completions * (trace.flops_per_token + attention * mean_context) / rates["matmul_flops"]
-                     + (trace.ops + GENERATE_LOOP_OPS) * op_seconds)
+    sampling = (batch.completions * params["vocab_size"] * CPU_SAMPLING_SECONDS_PER_LOGIT
+                if rates["accelerator"] == "cpu" else 0.0)
+    per_new_token = (forward_seconds(
+        batch.completions * (trace.flops_per_token + attention * mean_context) / rates["matmul_flops"],
+        trace.weight_bytes + batch.completions * mean_context * trace.kv_bytes_per_token, rates)
+        + (trace.ops + GENERATE_LOOP_OPS) * op_seconds + sampling)
     return prefill + batch.completion_tokens * per_new_token + GRPO_STEP_OPS * rates["op_seconds"]

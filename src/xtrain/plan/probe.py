@@ -1,11 +1,14 @@
-"""The CPU probe: what this machine's cores do per second in a training step's matmuls and small ops.
+"""The CPU probe: what this machine's cores do per second in a training step's matmuls and small ops, and how fast
+they stream weights from memory (what bounds decoding a model whose weights do not fit the caches).
 
-Measured once per machine, CPU count, torch version, precision and model width, rounded to two significant
-figures and recorded in the cache (`$XDG_CACHE_HOME/xtrain/cpu-probe.json`); every later plan reads the
-record, never the machine's current load, so planning a recipe twice gives the same plan.json. The record
-is taken again only by `python -m xtrain.plan.probe --refresh`, which says whether the machine looked busy and
-keeps the faster figures (a busy machine only ever reads slow). `XTRAIN_CPU_PROBE="<matmul FLOP/s>,<seconds
-per op>"` gives fixed figures instead (the tests use it; it also plans for another machine's CPU).
+Measured once per machine, CPU count, torch version, precision and model width (the memory figure: in fp32 whatever
+the precision), rounded to two significant figures and recorded in the cache
+(`$XDG_CACHE_HOME/xtrain/cpu-probe.json`); every later plan reads the record, never the machine's current load, so
+planning a recipe twice gives the same plan.json. The record is taken again only by `python -m xtrain.plan.probe
+--refresh`, which says whether the machine looked busy and keeps the faster figures (a busy machine only ever reads
+slow). `XTRAIN_CPU_PROBE="<matmul FLOP/s>,<seconds per op>[,<memory bytes/s>]"` gives fixed figures instead (the
+tests use it; it also plans for another machine's CPU); without the third figure the memory bandwidth is
+`DEFAULT_MEMORY_BYTES_PER_SECOND`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,16 @@ PROBE_ROWS = 2048  # rows of the probe matmul: a micro-batch's tokens, as traini
 PROBE_SECONDS = 0.5  # per measurement, split in five windows
 BUSY_LOAD = 0.5  # load average per core above which a probe may have read the neighbours, not the device
 FIXED = "XTRAIN_CPU_PROBE"
+# The memory probe streams this many bytes of fp32 weights per call through one-row matmuls (`F.linear`, as a decode
+# step multiplies each new token), in matrices of the model's width as input features (the rate depends on it: one
+# thread here streams 512-wide rows at 1.0e10 bytes/s, 2048-wide at 1.7e10) and at least MEMORY_PROBE_OUT outputs
+# (so that a small width is not read through per-call overhead): more than a server CPU's last-level cache, so the
+# figure is the rate weights come from memory, as decoding a model that does not fit the caches reads them.
+MEMORY_PROBE_BYTES = 256 * 2**20
+MEMORY_PROBE_OUT = 2048
+# The memory bandwidth an XTRAIN_CPU_PROBE without a third figure plans with: about one core's rate (this 2-core
+# AMD EPYC streams 1.1e10 bytes a second on one thread by the probe above).
+DEFAULT_MEMORY_BYTES_PER_SECOND = 1.0e10
 
 
 def cache_file(name: str = "cpu-probe.json") -> Path:
@@ -32,6 +45,24 @@ def probe_key(precision: str, width: int, cpus: int) -> str:
     import torch
 
     return f"{cpu_name()}|{cpus} threads|torch {torch.__version__}|{precision}|width {width}"
+
+
+def memory_key(width: int, cpus: int) -> str:
+    import torch
+
+    return f"{cpu_name()}|{cpus} threads|torch {torch.__version__}|width {width}|memory"
+
+
+def cached_memory_bandwidth(width: int, cpus: int) -> float:
+    """The recorded bytes per second `cpus` threads stream a model of this width's weights from memory at, measured
+    only the first time (a record of its own beside the probe's: older records, and plans from them, stand)."""
+    if os.environ.get(FIXED):
+        return fixed_probe(os.environ[FIXED])["memory_bytes_per_second"]
+    key, entries = memory_key(width, cpus), read_cache()
+    if key not in entries:
+        entries[key] = measure_memory(width, cpus)
+        write_cache(entries)
+    return entries[key]["memory_bytes_per_second"]
 
 
 def cached_cpu_probe(precision: str, width: int, cpus: int) -> dict[str, float]:
@@ -46,11 +77,17 @@ def cached_cpu_probe(precision: str, width: int, cpus: int) -> dict[str, float]:
 
 
 def fixed_probe(text: str) -> dict[str, float]:
+    """XTRAIN_CPU_PROBE's figures; a memory bandwidth it does not give is DEFAULT_MEMORY_BYTES_PER_SECOND (the
+    two-figure form predates the memory probe)."""
     try:
-        matmul, op = (float(part) for part in text.split(","))
+        matmul, op, *memory = (float(part) for part in text.split(","))
+        if len(memory) > 1:
+            raise ValueError
     except ValueError:
-        raise SystemExit(f"{FIXED}={text!r}: give '<matmul FLOP/s>,<seconds per op>', e.g. 1.5e11,2e-6") from None
-    return {"matmul_flops": matmul, "op_seconds": op}
+        raise SystemExit(f"{FIXED}={text!r}: give '<matmul FLOP/s>,<seconds per op>[,<memory bytes/s>]', e.g. "
+                         "1.5e11,2e-6 or 1.5e11,2e-6,1e10") from None
+    return {"matmul_flops": matmul, "op_seconds": op,
+            "memory_bytes_per_second": memory[0] if memory else DEFAULT_MEMORY_BYTES_PER_SECOND}
 
 
 def refresh() -> list[str]:
@@ -62,6 +99,14 @@ def refresh() -> list[str]:
     for key, old in entries.items():
         *_, precision, width = key.split("|")
         cpus = int(key.split("|")[1].split()[0])
+        if width == "memory":
+            new = measure_memory(int(precision.split()[1]), cpus)  # its key's last but one field is the width
+            entries[key] = new if new["memory_bytes_per_second"] > old["memory_bytes_per_second"] else {
+                **old, "load_per_core": new["load_per_core"]}
+            kept = "new" if entries[key] is new else "recorded"
+            lines.append(f"{key}: recorded {old['memory_bytes_per_second']:.2g} bytes/s, now "
+                         f"{new['memory_bytes_per_second']:.2g}: kept the {kept}")
+            continue
         new = measure(precision, int(width.split()[1]), cpus)
         entries[key] = faster(old, new)
         kept = "new" if entries[key] is new else "recorded"
@@ -73,6 +118,10 @@ def refresh() -> list[str]:
 def measure(precision: str, width: int, cpus: int) -> dict[str, float]:
     return {**{name: significant(value) for name, value in probe_cpu(precision, width, cpus).items()},
             "load_per_core": load_per_core()}
+
+
+def measure_memory(width: int, cpus: int) -> dict[str, float]:
+    return {"memory_bytes_per_second": significant(probe_memory(width, cpus)), "load_per_core": load_per_core()}
 
 
 def read_cache(path: Path | None = None) -> dict[str, dict[str, float]]:
@@ -132,6 +181,33 @@ def probe_cpu(precision: str, width: int, cpus: int) -> dict[str, float]:
     finally:
         torch.set_num_threads(threads)
     return {"matmul_flops": matmul, "op_seconds": op}
+
+
+def probe_memory(width: int, cpus: int) -> float:
+    """Best-of-five bytes per second one-row matmuls stream fp32 weights of `width` input features at, over
+    MEMORY_PROBE_BYTES of them.
+
+    Weights as a decode step reads them (a row per sequence, every weight once), not a plain sum over a buffer: on
+    this 2-core EPYC one thread sums memory at 2.8e10 bytes/s but multiplies one row by it at 1.1e10, and the latter
+    is what decoding costs per byte (BENCHMARKS.md, "GRPO: plan vs measured")."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cpus)
+    try:
+        out = max(4 * width, MEMORY_PROBE_OUT)
+        count = max(1, MEMORY_PROBE_BYTES // (out * width * 4))
+        weights = [torch.ones(out, width) for _ in range(count)]
+        row = torch.ones(1, width)
+
+        def stream():
+            for weight in weights:
+                torch.nn.functional.linear(row, weight)
+
+        with torch.no_grad():
+            return max(count * weights[0].nbytes / seconds_per_call(stream) for _ in range(5))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def seconds_per_call(fn, window: float = PROBE_SECONDS / 5) -> float:

@@ -90,6 +90,10 @@ class CpuProbe(Section):
 
     matmul_flops: float = Field(description="matmul FLOP/s at the model's width, in the step's precision")
     op_seconds: float = Field(description="seconds per small autograd op")
+    memory_bytes_per_second: float | None = Field(
+        None, description="bytes per second one-row fp32 matmuls of the model's width stream weights from memory at "
+        "(a decode step's read: `generation.seconds`, the evaluate job's generation); a record of its own in the "
+        "cache, or XTRAIN_CPU_PROBE's third figure (1e10 when it gives two)")
     load_per_core: float | None = Field(None, description="load average per core while it was measured")
 
 
@@ -169,8 +173,11 @@ class Generation(Section):
     ops_per_new_token: int = Field(description="the forward's ops plus generate's own (sampling, stopping, cache "
                                    "bookkeeping: 39, counted on real tensors by bench/bench_grpo_plan.py)")
     seconds: float = Field(description="one generation batch: the prompts' forward, then per new token completions × "
-                           "FLOPs / `time.device_flops` + ops × `time.op_seconds` × 0.55 (no autograd), and "
-                           "GRPOTrainer's bookkeeping and logging around it: 1,600 × `time.op_seconds`")
+                           "FLOPs / `time.device_flops` and (every weight + the KV cache so far) / the memory "
+                           "bandwidth (a CPU's `time.cpu_probe.memory_bytes_per_second`: the two added, and the "
+                           "sampling, 21 ns per completion and vocabulary entry; a GPU's datasheet bandwidth: the "
+                           "slower of the two), + ops × `time.op_seconds` × 0.55 (no autograd), and GRPOTrainer's "
+                           "bookkeeping and logging around it: 1,600 × `time.op_seconds`")
     tokens_per_second: float = Field(description="completion tokens generated per second on one device")
     seconds_per_step: float = Field(description="generation seconds per optimizer step, included in "
                                     "`time.seconds_per_step`")

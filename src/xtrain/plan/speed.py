@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..models.gpus import GPUS
 from ..recipe import Hardware
-from .probe import cached_cpu_probe
+from .probe import cached_cpu_probe, cached_memory_bandwidth
 
 # Share of the probed matmul rate a CPU training step reaches, and the cost of one dispatched op in
 # units of the probed bare-op time (autograd, module hooks and Python around each op); fitted by
@@ -53,18 +53,30 @@ def flops_per_token(params: dict, seq_len: int, checkpointing: bool) -> float:
 
 
 def device_rates(hardware: Hardware, precision: str, width: int) -> dict[str, float | str]:
-    """FLOP/s one device reaches in training matmuls, seconds per dispatched op, and where they came from."""
+    """FLOP/s one device reaches in training matmuls, seconds per dispatched op, the bytes per second it reads weights
+    from memory at (what bounds decoding: plan.generation), and where they came from."""
     if hardware.accelerator != "cpu":
         gpu = GPUS[hardware.gpu]
         return {"matmul_flops": gpu.peak_tflops_16bit * 1e12 * GPU_MFU[hardware.accelerator],
-                "op_seconds": GPU_OP_SECONDS, "source": f"peak table: {hardware.gpu} x MFU {GPU_MFU[hardware.accelerator]}"}
+                "op_seconds": GPU_OP_SECONDS, "memory_bytes_per_second": memory_bytes_per_second(hardware, width),
+                "accelerator": hardware.accelerator,
+                "source": f"peak table: {hardware.gpu} x MFU {GPU_MFU[hardware.accelerator]}"}
     cpus = max(1, cpu_count(hardware) // hardware.processes)  # a CPU device is one process's share of the cores
-    probe = cached_cpu_probe(precision, width, cpus)
+    probe = {**cached_cpu_probe(precision, width, cpus), "memory_bytes_per_second": cached_memory_bandwidth(width, cpus)}
     efficiency = CPU_MATMUL_EFFICIENCY[precision]
     return {"matmul_flops": probe["matmul_flops"] * efficiency,
             "op_seconds": probe["op_seconds"] * CPU_OP_COST_FACTOR,
+            "memory_bytes_per_second": probe["memory_bytes_per_second"], "accelerator": "cpu",
             "source": f"cpu probe ({cpus} threads, {precision}, width {width}) x efficiency {efficiency}",
             "cpu_probe": probe}
+
+
+def memory_bytes_per_second(hardware: Hardware, width: int, processes: int | None = None) -> float:
+    """The rate one device reads weights from memory: a GPU's datasheet bandwidth, or the CPU's recorded memory probe
+    on its share of the cores (`processes` processes sharing them; the hardware's own count by default)."""
+    if hardware.accelerator != "cpu":
+        return GPUS[hardware.gpu].memory_tbs * 1e12
+    return cached_memory_bandwidth(width, max(1, cpu_count(hardware) // (processes or hardware.processes)))
 
 
 def cpu_count(hardware: Hardware) -> int:
