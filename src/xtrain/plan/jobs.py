@@ -26,7 +26,8 @@ from .planner import (
     CPU_PROCESS_BYTES, GIB, GPU_HOST_CPUS, GPU_PROCESS_BYTES, HOST_REQUEST_MARGIN, device_budget, reserved_bytes,
 )
 from .schema import JobPlan, Plan
-from .speed import cpu_count
+from .generation import forward_seconds
+from .speed import cpu_count, memory_bytes_per_second
 
 # The evaluate job on a CPU: float32. On SmolLM2 (60 eval rows, LoRA on every linear layer) bf16 scored the tuned
 # model's held-out loss within 0.19% of float32's but took as long (1,044 s against 1,049 s on a loaded 2-core
@@ -133,8 +134,12 @@ def plan_evaluate(plan: Plan, manifest: dict[str, Any], settings: Eval, hardware
             f"GiB at batch {batch}), more than the node's {budget / GIB:.1f} GiB usable: raise hardware.host_memory_gb "
             "or evaluate on GPUs (hardware.accelerator)")
     peak = weights // max(devices, 1) + needed
+    # The evaluate job is one process on the node's cores (CPU) or GPUs: it reads weights at that device's rate.
+    bandwidth = memory_bytes_per_second(hardware, plan.model.hidden_size, processes=1)
     seconds, time_terms = evaluate_seconds(plan, manifest, settings, sequences if scored else 0, generations, batch,
-                                           weights)
+                                           weights, {"memory_bytes_per_second": bandwidth,
+                                                     "accelerator": hardware.accelerator},
+                                           kv_cache_bytes(plan, shape, precision, 1, 1))
     host = (GPU_PROCESS_BYTES + weights) if gpu else CPU_PROCESS_BYTES + peak * EVAL_HOST_RETENTION
     lm_minutes = LM_EVAL_MINUTES_PER_TASK * len(settings.lm_eval.tasks) * 2 if settings.lm_eval else 0
     reason = (f"on {devices} x {hardware.gpu} in {precision}, the training precision"
@@ -165,10 +170,12 @@ def fitting_batch(wanted: int, activations, fits, weights: int) -> tuple[int, in
 
 
 def evaluate_seconds(plan: Plan, manifest: dict, settings: Eval, sequences: int, generations: int, batch: int,
-                     weights: int) -> tuple[float, dict[str, float]]:
+                     weights: int, memory: dict, kv_bytes_per_token: int) -> tuple[float, dict[str, float]]:
     """Two models (base and tuned), each scoring the `sequences` scored (all of the eval split's, or none) and
     answering the generation prompts: forward FLOPs (2 per parameter per token) at the training throughput, plus the
-    per-op cost of each forward pass."""
+    per-op cost of each forward pass; each greedy decode step also reads every weight and the batch's KV cache so far
+    from memory at `memory["memory_bytes_per_second"]` (`generation.forward_seconds`: added on a CPU, overlapped on a
+    GPU)."""
     split, time = manifest["splits"]["eval"], plan.time
     flops_per_token = 2 * plan.model.total
     # A forward pass dispatches about a third of a training micro-step's ops; without a trace, ~30 per layer.
@@ -176,12 +183,25 @@ def evaluate_seconds(plan: Plan, manifest: dict, settings: Eval, sequences: int,
     scoring = ((split["tokens"] * flops_per_token / time.device_flops + math.ceil(sequences / batch) * ops
                 * time.op_seconds) if sequences else 0.0)
     mean_prompt = split["tokens"] / max(split["rows"] * split.get("sequences_per_row", 1), 1)
-    steps = math.ceil(generations / batch) * settings.max_new_tokens if generations else 0
-    generating = ((generations * (mean_prompt + settings.max_new_tokens) * flops_per_token) / time.device_flops
-                  + steps * ops * time.op_seconds)
+    batches = math.ceil(generations / batch) if generations else 0
+    steps = batches * settings.max_new_tokens
+    rates = {**memory, "matmul_flops": time.device_flops}
+    # Prompts in one forward per batch; then per decode step each sequence's new token, at the mean context.
+    prefill = sum(forward_seconds(rows * mean_prompt * flops_per_token / time.device_flops, weights, rates)
+                  for rows in batch_rows(generations, batch))
+    context = mean_prompt + settings.max_new_tokens / 2
+    decode = settings.max_new_tokens * sum(
+        forward_seconds(rows * flops_per_token / time.device_flops, weights + rows * context * kv_bytes_per_token, rates)
+        for rows in batch_rows(generations, batch))
+    generating = prefill + decode + (batches + steps) * ops * time.op_seconds
     loading = 2 * weights / DISK_BYTES_PER_SECOND
     terms = {"scoring": round(2 * scoring, 1), "generation": round(2 * generating, 1), "loading": round(loading, 1)}
     return sum(terms.values()), terms
+
+
+def batch_rows(items: int, batch: int) -> list[int]:
+    """The rows of each batch `items` make at `batch` a batch (the last one partial)."""
+    return [min(batch, items - start) for start in range(0, items, batch)]
 
 
 def plan_export(plan: Plan, settings: Export, hardware: Hardware, model_dir: Path,
