@@ -84,7 +84,8 @@ def test_the_train_job_preloads_the_locks_mimalloc_where_the_machine_has_no_allo
 
 
 def test_the_system_tcmalloc_comes_before_the_locks_mimalloc(monkeypatch):
-    """Measured faster than mimalloc on the showcase (BENCHMARKS.md, "The allocator from the lock")."""
+    """TCMalloc measured 1.35x glibc's speed; mimalloc, under load, no faster than glibc (BENCHMARKS.md, "The
+    allocator from the lock"): the machine's TCMalloc wins, the lock's mimalloc comes before the machine's jemalloc."""
     monkeypatch.setattr(allocator.ctypes.util, "find_library",
                         lambda name: {"tcmalloc_minimal": "libtcmalloc_minimal.so.4"}.get(name))
     monkeypatch.setattr(allocator, "preloadable", lambda library: True)
