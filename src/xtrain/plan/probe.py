@@ -101,8 +101,7 @@ def refresh() -> list[str]:
         cpus = int(key.split("|")[1].split()[0])
         if width == "memory":
             new = measure_memory(int(precision.split()[1]), cpus)  # its key's last but one field is the width
-            entries[key] = new if new["memory_bytes_per_second"] > old["memory_bytes_per_second"] else {
-                **old, "load_per_core": new["load_per_core"]}
+            entries[key] = faster(old, new, "memory_bytes_per_second")
             kept = "new" if entries[key] is new else "recorded"
             lines.append(f"{key}: recorded {old['memory_bytes_per_second']:.2g} bytes/s, now "
                          f"{new['memory_bytes_per_second']:.2g}: kept the {kept}")
@@ -142,9 +141,9 @@ def load_per_core() -> float:
     return significant(os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
-def faster(old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
-    """Of two probes, the one with the higher matmul rate: a busy machine only ever reads slow."""
-    return new if new["matmul_flops"] > old["matmul_flops"] else {**old, "load_per_core": new["load_per_core"]}
+def faster(old: dict[str, float], new: dict[str, float], figure: str = "matmul_flops") -> dict[str, float]:
+    """Of two records, the one with the higher rate `figure`: a busy machine only ever reads slow."""
+    return new if new[figure] > old[figure] else {**old, "load_per_core": new["load_per_core"]}
 
 
 def cpu_name() -> str:
