@@ -85,7 +85,7 @@ def train_and_measure(model: Path, prepared: Path, manifest: dict, train, work: 
     metrics = read_json(work / "checkpoint" / "train_metrics.json")
     losses = [entry["loss"] for entry in metrics["loss"]]
     return {"plan": plan, "measured": metrics["trainer_runtime_seconds"], "peak_mib": peak_kib / 1024,
-            "tokens_per_second": metrics["tokens_per_second"], "steps": train.max_steps,
+            "tokens_per_second": metrics["tokens_per_second"], "steps": train.max_steps, "mfu": metrics["mfu"],
             "loss": f"{losses[0]:.2f} → {losses[-1]:.2f}"}
 
 
@@ -121,7 +121,12 @@ def smollm2_run(name: str, work: Path, steps: int | None = None) -> str:
             f"{plan.data.mean_sequence_tokens:.0f} | {settings(plan)} | {plan.time.seconds:,.0f} | "
             f"{result['measured']:,.0f} | **{plan.time.seconds / result['measured']:.2f}** | "
             f"{result['tokens_per_second']:,.0f} | {result['loss']} | {predicted_rss_mib(plan):,.0f} | "
-            f"{result['peak_mib']:,.0f} | **{predicted_rss_mib(plan) / result['peak_mib']:.2f}** |")
+            f"{result['peak_mib']:,.0f} | **{predicted_rss_mib(plan) / result['peak_mib']:.2f}** | "
+            f"{plan.resources.mem_mb / result['peak_mib']:.2f} | {mfu(result)} |")
+
+
+def mfu(result: dict) -> str:
+    return "unknown" if result["mfu"] is None else f"{result['mfu']:.1%}"
 
 
 def varied_rows(folder: Path, seq_len: int) -> dict:
@@ -162,7 +167,7 @@ def model_27m_run(name: str, work: Path) -> str:
             f"{plan.memory.peak_bytes_per_device / MIB:,.0f} | {result['peak_mib']:,.0f} | {plan.resources.mem_mb:,} | "
             f"**{plan.resources.mem_mb / result['peak_mib']:.2f}** | {plan.time.seconds:,.0f} | {result['measured']:,.0f} | "
             f"{plan.time.seconds / result['measured']:.2f} | {result['loss']} | {predicted_rss_mib(plan):,.0f} | "
-            f"**{predicted_rss_mib(plan) / result['peak_mib']:.2f}** |")
+            f"**{predicted_rss_mib(plan) / result['peak_mib']:.2f}** | {mfu(result)} |")
 
 
 def main() -> None:
@@ -176,14 +181,14 @@ def main() -> None:
         configs, run = args.configs or list(SMOLLM2), smollm2_run
         print("| method | seq_len | packing | global batch | steps | mean row tokens | plan's settings | predicted s | "
               "measured s | predicted / measured | tokens/s | loss first → last | predicted peak RSS MiB | "
-              "peak RSS MiB | predicted / peak |")
-        print("| --- " * 15 + "|")
+              "peak RSS MiB | predicted / peak | request / peak | MFU |")
+        print("| --- " * 17 + "|")
     else:
         configs, run = args.configs or list(MODEL_27M), model_27m_run
         print("| method | seq_len | global batch | steps | plan's settings | traced step peak MiB | peak RSS MiB | "
               "plan mem_mb | request / peak | predicted s | measured s | predicted / measured | loss first → last | "
-              "predicted peak RSS MiB | predicted / peak |")
-        print("| --- " * 15 + "|")
+              "predicted peak RSS MiB | predicted / peak | MFU |")
+        print("| --- " * 16 + "|")
     for name in configs:
         with tempfile.TemporaryDirectory(prefix=f"xtrain-{args.table}-{name}-") as folder:
             # One fresh process per configuration: ru_maxrss of this process's children is their highest peak.

@@ -15,6 +15,8 @@ from safetensors import safe_open
 from xtrain.artifacts import read_json
 from xtrain.plan import make_plan, write_plan
 from xtrain.plan.memory import four_bit_bytes
+from xtrain.plan.model import stored_bytes_per_weight
+from xtrain.plan.planner import CPU_PROCESS_BYTES, HOST_REQUEST_MARGIN, HOST_RETENTION
 from xtrain.recipe import Hardware, Lora, Train
 from xtrain.train.checkpoint import check_checkpoint
 from xtrain.train.run import run_training
@@ -111,6 +113,21 @@ def test_the_plan_counts_a_4bit_base(tiny_model, prepared):
     assert saved == pytest.approx(quantized * (4 - four_bit_bytes(True)) + trainable * 2, abs=8)
     assert qlora.memory.breakdown_bytes["optimizer"] == lora.memory.breakdown_bytes["optimizer"] // 2
     assert four_bit_bytes(False) - four_bit_bytes(True) == pytest.approx((4 - 1 - 4 / 256) / 64)
+    # On the CPU the checkpoint stays mapped beside the 4-bit copies, every page of the quantized layers read: the
+    # host request counts their stored bytes (the tiny model is saved in float32).
+    assert qlora.model.quantized_stored_bytes == quantized * 4
+    host = (CPU_PROCESS_BYTES + qlora.memory.peak_bytes_per_device * HOST_RETENTION[qlora.resources.allocator]
+            + quantized * 4)
+    assert qlora.resources.mem_mb == math.ceil(host * HOST_REQUEST_MARGIN / 2**20)
+
+
+@pytest.mark.parametrize(("config", "stored"), [({"dtype": "bfloat16"}, 2), ({"torch_dtype": "float16"}, 2),
+                                                ({"dtype": "float32"}, 4), ({}, 4)])
+def test_the_stored_dtype_is_the_configs(tiny_model, tmp_path, config, stored):
+    written = {key: value for key, value in read_json(tiny_model / "config.json").items()
+               if key not in ("dtype", "torch_dtype")}
+    (tmp_path / "config.json").write_text(json.dumps(written | config))
+    assert stored_bytes_per_weight(tmp_path) == stored
 
 
 @pytest.mark.slow

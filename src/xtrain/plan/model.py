@@ -97,7 +97,9 @@ def count_parameters(model_dir: Path, train: Train, trust_remote_code: bool = Fa
     return {
         "total": sum(p.numel() for p in model.parameters()),
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        **({"quantized": sum(quantized), "largest_quantized": max(quantized, default=0)} if quantized else {}),
+        **({"quantized": sum(quantized), "largest_quantized": max(quantized, default=0),
+            "quantized_stored_bytes": sum(quantized) * stored_bytes_per_weight(model_dir, trust_remote_code)}
+           if quantized else {}),
         "largest_layer": largest_block(model),
         "layers": config.num_hidden_layers,
         "hidden_size": config.hidden_size,
@@ -117,6 +119,16 @@ def quantized_linears(model) -> list[int]:
             for name, module in base.named_modules()
             if isinstance(module, torch.nn.Linear) and module is not head and "lora_" not in name
             and not (hasattr(module, "base_layer") and module.base_layer is head)]
+
+
+def stored_bytes_per_weight(model_dir: Path, trust_remote_code: bool = False) -> int:
+    """Bytes of one weight in the checkpoint's files: the dtype its config.json names (float32 where it names none,
+    transformers' default)."""
+    import torch
+    from transformers import AutoConfig
+
+    dtype = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code).get_text_config().dtype
+    return (dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype or "float32")).itemsize
 
 
 def largest_block(model) -> int:

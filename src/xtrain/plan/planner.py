@@ -478,7 +478,10 @@ def resources(planner: Planner, peak: int, seconds: float) -> dict[str, Any]:
     """What the train job asks the scheduler for, per node: GPUs, cores, host memory, minutes."""
     hardware, params, memory_allocator = planner.hardware, planner.params, planner.memory_allocator
     if hardware.accelerator == "cpu":
-        host_bytes = hardware.processes * (CPU_PROCESS_BYTES + peak * HOST_RETENTION[memory_allocator])
+        # A 4-bit base loaded on the CPU keeps its checkpoint files mapped, every page of them read while quantizing:
+        # resident beside the 4-bit copies (BENCHMARKS.md, "QLoRA: plan vs measured").
+        mapped = params.get("quantized_stored_bytes") or 0
+        host_bytes = hardware.processes * (CPU_PROCESS_BYTES + peak * HOST_RETENTION[memory_allocator] + mapped)
         cpus = cpu_count(hardware)
     else:  # each GPU's process holds a host copy of the weights while loading them
         host_bytes = hardware.gpus * (GPU_PROCESS_BYTES + params["total"] * 4)

@@ -30,6 +30,10 @@ class ModelShape(Section):
                                   "bits (every nn.Linear of the base but the output head)")
     largest_quantized: int | None = Field(None, description="train.method qlora: weights of the largest of those "
                                           "layers (the one dequantized copy held at a time)")
+    quantized_stored_bytes: int | None = Field(None, description="train.method qlora: those weights' bytes in the "
+                                               "checkpoint's files, read while quantizing and kept in host memory "
+                                               "on the CPU (the files stay mapped: the unquantized tensors are views "
+                                               "into them)")
     largest_layer: int = Field(description="parameters of the largest decoder block (FSDP's unit)")
     layers: int = Field(description="decoder blocks")
     hidden_size: int = Field(description="model width")
@@ -191,8 +195,8 @@ class Resources(Section):
     cpus: int = Field(description="`hardware.cpus`, else the planning machine's cores (CPU) or 8 per GPU")
     mem_mb: int = Field(
         description="host memory per node × 1.25: per CPU process 680 MiB (the process) plus the peak × 1.12 (what "
-        "TCMalloc or jemalloc keeps across batch shapes), × 1.62 instead when `allocator` is glibc or mimalloc; per GPU 1.5 GiB "
-        "plus an fp32 copy of the weights while loading"
+        "TCMalloc or jemalloc keeps across batch shapes), × 1.62 instead when `allocator` is glibc or mimalloc, plus "
+        "`model.quantized_stored_bytes` for a 4-bit base; per GPU 1.5 GiB plus an fp32 copy of the weights while loading"
     )
     allocator: Literal["tcmalloc", "mimalloc", "jemalloc", "glibc"] = Field(
         description="the allocator the train job runs under (`xtrain.train.allocator`): the planning machine's "
