@@ -1,15 +1,16 @@
 """Are the plan's settings the fastest? Every setting's tokens/s on this CPU, with the plan's pick marked.
 
     .venv/bin/python bench/bench_plan_grid.py [--methods lora full]   # ~15 min per method on 2 quiet cores
+    .venv/bin/python bench/bench_plan_grid.py --model models/SmolLM2-135M-Instruct --methods lora   # ~50 min
 
-For the 27M Llama of bench_plan (random-init), global batch 4 rows of 512 tokens, a run of PLANNED_STEPS steps:
-the plan (`make_plan`, this machine's recorded CPU probe) chooses precision, micro-batch and accumulation,
-gradient checkpointing and torch.compile. Then the whole grid of those settings (every one fits this machine's
-memory) is measured, each setting in its own process under the allocator a train job gets (`xtrain.train.allocator`):
-the model loaded (and, compiled, wrapped in torch.compile as the trainer does), WARMUP optimizer steps untimed
-(compiling happens there), then the median of TIMED optimizer steps (forward and backward of each micro-batch,
-its loss scaled by the accumulation, then one AdamW step; the random tokens are their own labels). Printed: a
-Markdown row per setting with its tokens/s and its share of the best, the plan's pick marked.
+For the 27M Llama of bench_plan (random-init), or the model `--model` names, global batch 4 rows of 512 tokens, a
+run of PLANNED_STEPS steps: the plan (`make_plan`, this machine's recorded CPU probe) chooses precision, micro-batch
+and accumulation, gradient checkpointing and torch.compile. Then the whole grid of those settings (every one fits
+this machine's memory) is measured, each setting in its own process under the allocator a train job gets
+(`xtrain.train.allocator`): the model loaded (and, compiled, wrapped in torch.compile as the trainer does), WARMUP
+optimizer steps untimed (compiling happens there), then the median of TIMED optimizer steps (forward and backward of
+each micro-batch, its loss scaled by the accumulation, then one AdamW step; the random tokens are their own labels).
+Printed: a Markdown row per setting with its tokens/s and its share of the best, the plan's pick marked.
 """
 
 from __future__ import annotations
@@ -86,15 +87,20 @@ def measure(model_dir: Path, method: str, setting: tuple) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="+", default=["lora", "full"], choices=["lora", "full"])
+    parser.add_argument("--model", type=Path, help="a model folder (default: the 27M Llama, built here)")
     args = parser.parse_args()
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_27m(Path(tmp) / "27m")
+        model_dir = args.model.resolve() if args.model else build_27m(Path(tmp) / "27m")
+        name = args.model.name if args.model else "27M"
         for method in args.methods:
             pick = plan_pick(model_dir, method)
-            results = {setting: measure(model_dir, method, setting) for setting in GRID}
+            results = {}
+            for setting in GRID:  # each as measured on stderr too: a run cut short keeps what it measured
+                results[setting] = measure(model_dir, method, setting)
+                print(f"{name} {method} {setting}: {results[setting]}", file=sys.stderr, flush=True)
             best = max(result["tokens_per_second"] for result in results.values())
-            print(f"\n27M {method}, global batch {BATCH} x {SEQ} tokens, planned for {PLANNED_STEPS} steps; plan's pick: "
+            print(f"\n{name} {method}, global batch {BATCH} x {SEQ} tokens, planned for {PLANNED_STEPS} steps; plan's pick: "
                   f"{pick}; its tokens/s: {results[pick]['tokens_per_second'] / best:.1%} of the best\n")
             print("| precision | micro-batch × accumulation | checkpointing | compile | tokens/s | of the best | "
                   "first step s |")
