@@ -4,8 +4,10 @@ problems before and after GRPO, and the wall time of each part.
     .venv/bin/python bench/bench_grpo_showcase.py [--prompts 40] [--base-only] [--set train.max_steps=10 ...]
 
 The recipe (recipes/showcase/smollm2_grpo_arithmetic.yaml, with each `--set` applied) is prepared, planned and
-trained through the library as its Snakemake jobs would (the model: models/SmolLM2-135M-Instruct, `make
-showcase-model`). The held-out prompts (the first --prompts of the eval split by content hash, all by default) are
+trained through the library as its Snakemake jobs would, on the model its `model.recipe` chain starts from: the SFT
+stage's merged base, `bases/smollm2_arithmetic_sft` (`snakemake bases/smollm2_arithmetic_sft --config
+recipes=recipes/showcase`), or the model `--model` names (models/SmolLM2-135M-Instruct, `make showcase-model`: GRPO
+on the instruct model alone, as the recipe was first written). The held-out prompts (the first --prompts of the eval split by content hash, all by default) are
 answered greedily by the base and the tuned model and scored by the recipe's rewards exactly as the evaluate stage
 scores them (xtrain.evaluate.rewarded, xtrain.evaluate.generations); the answer reward's accuracy is the share of
 prompts whose final number is right. The full figures come from `snakemake --config recipes=recipes/showcase
@@ -51,6 +53,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=None, help="held-out prompts scored (default: all)")
     parser.add_argument("--base-only", action="store_true", help="score the base model and stop")
     parser.add_argument("--work", type=Path, default=Path("/tmp/xtrain-bench-grpo-showcase"))
+    parser.add_argument("--model", type=Path, help="the base to tune (default: the recipe's model.path, or for a "
+                        "model.recipe its upstream's merged base in bases/)")
     args = parser.parse_args()
 
     from peft import PeftModel
@@ -64,7 +68,10 @@ def main() -> None:
     from xtrain.train.run import run_training
 
     recipe = recipe_with(args.recipe, args.changes, [])
-    model_dir = ROOT / recipe.model.path
+    model_dir = ROOT / (args.model or recipe.model.path or f"bases/{recipe.model.recipe}")
+    if not (model_dir / "config.json").is_file():
+        raise SystemExit(f"{model_dir}: no model there; build it first (snakemake {model_dir} "
+                         "--config recipes=recipes/showcase) or pass --model")
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     prepared = args.work / "prepared"

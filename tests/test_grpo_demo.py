@@ -1,6 +1,6 @@
 """The GRPO demo (recipes/demo_grpo.yaml) as it is, through real `snakemake`: its mean reward over the last fifth
 of its steps is above the first fifth's (issue 38's proof that the demo learns), and the arithmetic problems of the
-GRPO showcase are the ones their seeded script writes."""
+GRPO showcase and of its SFT stage are the ones their seeded script writes, none in both."""
 
 from __future__ import annotations
 
@@ -44,3 +44,14 @@ def test_the_arithmetic_problems_are_what_their_script_writes(tmp_path):
     for row in rows:
         steps, answer = row["answer"].rsplit("\n#### ", 1)
         assert int(answer) >= 0 and steps.split("= ")[-1].startswith(answer), row
+
+
+def test_the_sft_stage_s_worked_problems_are_its_script_s_and_none_is_a_grpo_problem(tmp_path):
+    out = tmp_path / "worked.jsonl"
+    subprocess.run([sys.executable, str(REPO / "data/arithmetic/make_problems.py"), "--rows", "1200", "--seed", "1",
+                    "--exclude", str(REPO / "data/arithmetic/problems.jsonl"), "--out", str(out)], check=True,
+                   capture_output=True)
+    assert out.read_bytes() == (REPO / "data/arithmetic/worked.jsonl").read_bytes()
+    worked = {json.loads(line)["question"] for line in out.read_text().splitlines()}
+    grpo = {json.loads(line)["question"] for line in (REPO / "data/arithmetic/problems.jsonl").read_text().splitlines()}
+    assert len(worked) == 1200 and not worked & grpo

@@ -1,6 +1,12 @@
 """Arithmetic word problems for GRPO, GSM8K-style: a `question` and an `answer` that works it out and ends `#### n`.
 
     .venv/bin/python data/arithmetic/make_problems.py [--rows 600] [--seed 0] [--out data/arithmetic/problems.jsonl]
+    .venv/bin/python data/arithmetic/make_problems.py --rows 1200 --seed 1 --exclude data/arithmetic/problems.jsonl \
+        --out data/arithmetic/worked.jsonl
+
+problems.jsonl is the GRPO showcase's prompts (and its held-out problems); worked.jsonl, problems none of which is in
+problems.jsonl (`--exclude`), is what its SFT stage learns the worked answers from, so that no problem the GRPO stage
+holds out was seen with its answer upstream.
 
 Seeded and standard-library only: the same seed and row count write a byte-identical file (tests/test_grpo_demo.py
 checks the committed file against a fresh run). Each problem is one of a few templates (add, take away, multiply,
@@ -64,10 +70,11 @@ def two_steps(rng: random.Random, name: str, item: str) -> Problem:
 TEMPLATES: list[Callable[[random.Random, str, str], Problem]] = [add, take_away, multiply, share, two_steps]
 
 
-def problems(rows: int, seed: int) -> list[dict[str, str]]:
-    """`rows` distinct problems (the templates in turn), each {"question", "answer"}."""
+def problems(rows: int, seed: int, exclude: frozenset[str] = frozenset()) -> list[dict[str, str]]:
+    """`rows` distinct problems (the templates in turn), each {"question", "answer"}, none of whose questions is in
+    `exclude`."""
     rng = random.Random(seed)
-    seen: set[str] = set()
+    seen = {question.removesuffix(f" {INSTRUCTION}") for question in exclude}
     out = []
     while len(out) < rows:
         template = TEMPLATES[len(out) % len(TEMPLATES)]
@@ -79,9 +86,11 @@ def problems(rows: int, seed: int) -> list[dict[str, str]]:
     return out
 
 
-def write(path: Path, rows: int, seed: int) -> None:
+def write(path: Path, rows: int, seed: int, exclude: Path | None = None) -> None:
+    excluded = frozenset(json.loads(line)["question"] for line in exclude.read_text(encoding="utf-8").splitlines()
+                         ) if exclude else frozenset()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in problems(rows, seed)), encoding="utf-8")
+    path.write_text("".join(json.dumps(row) + "\n" for row in problems(rows, seed, excluded)), encoding="utf-8")
 
 
 def main() -> None:
@@ -89,9 +98,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("problems.jsonl"))
+    parser.add_argument("--exclude", type=Path, help="a file of problems none of which is to be written again")
     args = parser.parse_args()
-    write(args.out, args.rows, args.seed)
-    print(f"{args.out}: {args.rows} problems, seed {args.seed}")
+    write(args.out, args.rows, args.seed, args.exclude)
+    print(f"{args.out}: {args.rows} problems, seed {args.seed}" + (f", none of {args.exclude}" if args.exclude else ""))
 
 
 if __name__ == "__main__":
