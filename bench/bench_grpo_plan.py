@@ -22,9 +22,9 @@ on the seven linear layers), KL weight, completion length and batch, prepared an
 CPU probe), then trained by the real train stage (`run_training`, trl_cpu) in a fresh process under the train job's
 allocator. Measured: the trainer's runtime per step (train_metrics.json `trainer_runtime_seconds`, every step's
 generation, scoring and training), the time inside `generate` per step (a timer around GenerationMixin.generate),
-and the process's peak RSS (the child's ru_maxrss); predicted: `time.seconds_per_step`,
+and the train process's peak RSS (its own ru_maxrss, train_metrics.json); predicted: `time.seconds_per_step`,
 `generation.seconds_per_step`, and the host memory the plan asks for before its 1.25 margin
-(680 MiB + `memory.peak_bytes_per_device` × the allocator's retention). One configuration per invocation (ru_maxrss).
+(680 MiB + `memory.peak_bytes_per_device` × the allocator's retention).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -244,15 +243,12 @@ def run(name: str, model: Path, steps: int, work: Path, threads: int) -> str:
     env |= {variable: str(threads) for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")}
     if allocator.available():
         env["LD_PRELOAD"] = allocator.available()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     trained = subprocess.run([sys.executable, "-c", TRAIN, str(model), str(work / "prepared"), str(work / "plan.json"),
                               train.model_dump_json(), str(work), str(threads)], cwd=ROOT, env=env, capture_output=True, text=True)
     if trained.returncode:
         raise SystemExit(f"the train stage failed:\n{trained.stderr[-3000:]}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    if peak <= before * 1024:
-        raise SystemExit("an earlier run's peak hides this one's: run one configuration per invocation")
     metrics = read_json(work / "checkpoint/train_metrics.json")
+    peak = metrics["peak_host_memory_bytes"]  # the train process's own ru_maxrss, not this process's other children
     parts = json.loads((work / "parts.json").read_text())
     walls = parts.pop("step_walls")
     # Each part's seconds per optimizer step after the first (which pays one-off set-up: measured apart).

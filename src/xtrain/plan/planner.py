@@ -37,10 +37,10 @@ GIB = 2**30
 # peak. Fitted on real train-stage runs under TCMalloc (BENCHMARKS.md, "Host memory of the 27M rows"): peak RSS =
 # 680 MiB + 1.12 x the traced peak within -6%..+12% on the 27M rows and the whole showcase. glibc keeps 1.45x what
 # TCMalloc does (the showcase under each); jemalloc, measured over 16 steps only, kept no more than TCMalloc. The
-# lock's mimalloc peaked where glibc did (10,154 against 10,177 MiB on the showcase's 8-step cut at seq_len 512,
-# BENCHMARKS.md "The allocator from the lock"), so it is allowed glibc's until a whole run under it is measured.
+# lock's mimalloc: 1.24, the median of what 8 quiet runs under it kept (0.96-1.43: three 27M rows, three SmolLM2
+# rows, the GRPO showcase's two stages), checked on four others (BENCHMARKS.md, "The plan on a machine nobody set up").
 CPU_PROCESS_BYTES = 680 * 2**20
-HOST_RETENTION = {"tcmalloc": 1.12, "mimalloc": 1.12 * 1.45, "jemalloc": 1.12, "glibc": 1.12 * 1.45}
+HOST_RETENTION = {"tcmalloc": 1.12, "mimalloc": 1.24, "jemalloc": 1.12, "glibc": 1.12 * 1.45}
 HOST_REQUEST_MARGIN = 1.25  # the request over that prediction
 # A GPU process's host memory besides the weights it loads: the CUDA/HIP runtime's too (not measured here).
 GPU_PROCESS_BYTES = int(1.5 * GIB)
