@@ -122,13 +122,14 @@ def quantized_linears(model) -> list[int]:
 
 
 def stored_bytes_per_weight(model_dir: Path, trust_remote_code: bool = False) -> int:
-    """Bytes of one weight in the checkpoint's files: the dtype its config.json names (float32 where it names none,
-    transformers' default)."""
+    """Bytes of one weight in the checkpoint's files: the dtype its config.json names (float32, the most, where it
+    names none)."""
     import torch
     from transformers import AutoConfig
 
     dtype = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code).get_text_config().dtype
-    return (dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype or "float32")).itemsize
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    return dtype.itemsize if isinstance(dtype, torch.dtype) else torch.float32.itemsize
 
 
 def largest_block(model) -> int:
