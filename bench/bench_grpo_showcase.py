@@ -7,11 +7,12 @@ The recipe (recipes/showcase/smollm2_grpo_arithmetic.yaml, with each `--set` app
 trained through the library as its Snakemake jobs would, on the model its `model.recipe` chain starts from: the SFT
 stage's merged base, `bases/smollm2_arithmetic_sft` (`snakemake bases/smollm2_arithmetic_sft --config
 recipes=recipes/showcase`), or the model `--model` names (models/SmolLM2-135M-Instruct, `make showcase-model`: GRPO
-on the instruct model alone, as the recipe was first written). The held-out prompts (the first --prompts of the eval split by content hash, all by default) are
-answered greedily by the base and the tuned model and scored by the recipe's rewards exactly as the evaluate stage
-scores them (xtrain.evaluate.rewarded, xtrain.evaluate.generations); the answer reward's accuracy is the share of
-prompts whose final number is right. The full figures come from `snakemake --config recipes=recipes/showcase
-reports/smollm2_grpo_arithmetic/eval.json`; this script is for a shorter, timed look.
+on the instruct model alone, as the recipe was first written). The held-out prompts (the first --prompts of the eval
+split by content hash, all by default) are answered greedily by the base and the tuned model and scored by the
+recipe's rewards exactly as the evaluate stage scores them (xtrain.evaluate.rewarded, xtrain.evaluate.generations);
+the answer reward's accuracy is the share of prompts whose final number is right. The full figures come from
+`snakemake --config recipes=recipes/showcase reports/smollm2_grpo_arithmetic/eval.json`; this script is for a
+shorter, timed look.
 """
 
 from __future__ import annotations

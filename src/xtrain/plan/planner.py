@@ -479,7 +479,7 @@ def resources(planner: Planner, peak: int, seconds: float) -> dict[str, Any]:
     hardware, params, memory_allocator = planner.hardware, planner.params, planner.memory_allocator
     if hardware.accelerator == "cpu":
         # A 4-bit base loaded on the CPU keeps its checkpoint files mapped, every page of them read while quantizing:
-        # resident beside the 4-bit copies (BENCHMARKS.md, "QLoRA: plan vs measured").
+        # resident beside the 4-bit copies (BENCHMARKS.md, "A 4-bit base's mapped checkpoint").
         mapped = params.get("quantized_stored_bytes") or 0
         host_bytes = hardware.processes * (CPU_PROCESS_BYTES + peak * HOST_RETENTION[memory_allocator] + mapped)
         cpus = cpu_count(hardware)
