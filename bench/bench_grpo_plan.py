@@ -241,8 +241,7 @@ def run(name: str, model: Path, steps: int, work: Path, threads: int) -> str:
     write_plan(work / "plan.json", plan)
     env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
     env |= {variable: str(threads) for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")}
-    if allocator.available():
-        env["LD_PRELOAD"] = allocator.available()
+    env |= allocator.train_job_variables()
     trained = subprocess.run([sys.executable, "-c", TRAIN, str(model), str(work / "prepared"), str(work / "plan.json"),
                               train.model_dump_json(), str(work), str(threads)], cwd=ROOT, env=env, capture_output=True, text=True)
     if trained.returncode:

@@ -16,7 +16,8 @@ real run) and its peak RSS (the child's ru_maxrss) and wall time are measured:
   libjemalloc2, libtcmalloc-minimal4), or the one in `--library-dir` (a package unpacked there with
   `apt-get download` and `dpkg-deb -x`, so that measuring it leaves the machine's own allocator as it is);
   skipped when neither has it;
-- mimalloc: LD_PRELOAD of the lock's cmeel-mimalloc library, found as the train job finds it.
+- mimalloc: LD_PRELOAD of the lock's cmeel-mimalloc library, found as the train job finds it, with the train job's
+  options (`allocator.OPTIONS`); mimalloc-decommit and mimalloc-keep: the same library with other options (MIMALLOC).
 With `--rounds N` the allocators run in turn N times (A B C A B C: a load on the machine hits each alike) and each
 run's 1-minute load average is recorded before it starts. Each run reports the allocator train_metrics.json
 recorded (`xtrain.train.allocator.running`: what the child really had mapped).
@@ -50,7 +51,12 @@ GLIBC = {
     "glibc-mmap": {"MALLOC_MMAP_THRESHOLD_": "65536"},
 }
 SYSTEM = {"jemalloc": "jemalloc", "tcmalloc": "tcmalloc_minimal"}  # ctypes.util.find_library's names
-ALLOCATORS = (*GLIBC, *SYSTEM, "mimalloc")
+MIMALLOC = {  # the lock's mimalloc with the options (MIMALLOC_*, mimalloc's docs) a train job sets, and others
+    "mimalloc": allocator.OPTIONS["mimalloc"],
+    "mimalloc-decommit": {"MIMALLOC_PURGE_DECOMMITS": "1"},  # mimalloc's default: freed memory goes back to the OS
+    "mimalloc-keep": {"MIMALLOC_PURGE_DELAY": "-1"},  # never returned
+}
+ALLOCATORS = (*GLIBC, *SYSTEM, *MIMALLOC)
 
 
 def system_library(library: str, library_dir: Path | None) -> str | None:
@@ -63,8 +69,8 @@ def environment_of(name: str, library_dir: Path | None) -> dict[str, str | None]
     """The variables a run under allocator `name` starts with (LD_PRELOAD None: this machine lacks it)."""
     if name in GLIBC:
         return GLIBC[name]
-    if name == "mimalloc":
-        return {"LD_PRELOAD": allocator.find(allocator.LOCKED_MIMALLOC)}
+    if name in MIMALLOC:
+        return {"LD_PRELOAD": allocator.find(allocator.LOCKED_MIMALLOC), **MIMALLOC[name]}
     return {"LD_PRELOAD": system_library(SYSTEM[name], library_dir)}
 TRAIN = """
 import json, logging, sys
@@ -102,17 +108,18 @@ def plan_for(recipe_path: Path, steps: int, out: Path) -> dict:
 def measure(recipe_path: Path, plan: Path, steps: int, preload: dict, out: Path, multiple: int) -> dict:
     """One training run in a fresh process; its peak RSS and wall time."""
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith("MALLOC_") and name != "LD_PRELOAD"}
+           if not name.startswith(("MALLOC_", "MIMALLOC_")) and name != "LD_PRELOAD"}
     env.update(preload)
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", TRAIN, str(recipe_path), str(plan), str(out), str(steps), str(multiple)],
                    cwd=ROOT,
                    env=env, check=True)
     seconds = time.perf_counter() - started
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # this process's only child
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # this process's only child
+    peak_kib = usage.ru_maxrss
     metrics = json.loads((out / "checkpoint" / "train_metrics.json").read_text())
     return {"peak_mib": peak_kib / 1024, "seconds": seconds, "final_loss": metrics["loss"][-1]["loss"],
-            "recorded": metrics["allocator"]}
+            "recorded": metrics["allocator"], "page_faults": usage.ru_minflt}
 
 
 def main() -> None:

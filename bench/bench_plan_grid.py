@@ -78,8 +78,7 @@ def measure(model_dir: Path, method: str, setting: tuple) -> dict:
     from xtrain.train import allocator
 
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    if allocator.available():  # the allocator a train job runs under (scripts/dispatch.py)
-        env["LD_PRELOAD"] = allocator.available()
+    env |= allocator.train_job_variables()  # the allocator a train job runs under (scripts/dispatch.py)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

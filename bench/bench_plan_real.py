@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_plan_real.py time [--configs lora-256 ...] [--steps N]  # ~4 min per configuration
     .venv/bin/python bench/bench_plan_real.py memory [--configs lora-256 ...]  # ~1 min per configuration
+    (either with --keep DIR: each run's plan, metrics and peak RSS kept there as JSON, for fitting)
 
 Every run is the real train stage (`xtrain.train.run_training`, trl_cpu, length-grouped batches) in a fresh
 process under the allocator the train job gets (`xtrain.train.allocator`: TCMalloc or jemalloc preloaded where the machine
@@ -60,11 +61,12 @@ run_training(model_dir=Path(model), prepared_dir=Path(prepared), plan_path=Path(
              work_dir=Path(out) / "runs")
 """
 MIB = 2**20
+KEEP = "XTRAIN_BENCH_KEEP"  # set by --keep for the configuration processes
 
 
 def train_and_measure(model: Path, prepared: Path, manifest: dict, train, work: Path) -> dict:
     """Plan `train` on `manifest`, run the train stage in a fresh process; the plan and what was measured."""
-    from xtrain.artifacts import read_json
+    from xtrain.artifacts import read_json, write_json
     from xtrain.plan import make_plan, write_plan
     from xtrain.recipe import Hardware
     from xtrain.train import allocator
@@ -72,8 +74,7 @@ def train_and_measure(model: Path, prepared: Path, manifest: dict, train, work: 
     plan = make_plan(model, manifest, train, Hardware())
     write_plan(work / "plan.json", plan)
     env = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
-    if allocator.available():  # as scripts/dispatch.py runs the train job
-        env["LD_PRELOAD"] = allocator.available()
+    env |= allocator.train_job_variables()  # as scripts/dispatch.py runs the train job
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     trained = subprocess.run([sys.executable, "-c", TRAIN, str(model), str(prepared), str(work / "plan.json"),
                               train.model_dump_json(), str(work)], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -83,6 +84,9 @@ def train_and_measure(model: Path, prepared: Path, manifest: dict, train, work: 
     if peak_kib <= before:
         raise SystemExit("an earlier run's peak hides this one's: run one configuration per invocation")
     metrics = read_json(work / "checkpoint" / "train_metrics.json")
+    if keep := os.environ.get(KEEP):  # the run's plan and metrics, with its peak, for fitting the plan's constants
+        write_json(Path(keep) / f"{work.name.removeprefix('xtrain-').rsplit('-', 1)[0]}.json",
+                   {"plan": read_json(work / "plan.json"), "metrics": metrics, "peak_rss_mib": peak_kib / 1024})
     losses = [entry["loss"] for entry in metrics["loss"]]
     return {"plan": plan, "measured": metrics["trainer_runtime_seconds"], "peak_mib": peak_kib / 1024,
             "tokens_per_second": metrics["tokens_per_second"], "steps": train.max_steps, "mfu": metrics["mfu"],
@@ -175,7 +179,12 @@ def main() -> None:
     parser.add_argument("table", choices=["time", "memory"])
     parser.add_argument("--configs", nargs="+", help=f"time: {', '.join(SMOLLM2)}; memory: {', '.join(MODEL_27M)}")
     parser.add_argument("--steps", type=int, help="time: train this many steps instead of about TARGET_SECONDS")
+    parser.add_argument("--keep", type=Path, help="write each run's plan.json, train_metrics.json and peak RSS here, "
+                        "as <table>-<configuration>.json")
     args = parser.parse_args()
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        os.environ[KEEP] = str(args.keep.resolve())
     started = time.time()
     if args.table == "time":
         configs, run = args.configs or list(SMOLLM2), smollm2_run

@@ -177,8 +177,8 @@ def measure(side: str, folder: Path, method: str, precision: str) -> dict[str, f
     from xtrain.train import allocator
 
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    if side != "loop" and allocator.available():
-        env["LD_PRELOAD"] = allocator.available()
+    if side != "loop":
+        env |= allocator.train_job_variables()
     result = subprocess.run(
         [sys.executable, __file__, "--measure", side, str(folder), method, precision],
         capture_output=True, text=True, check=True, env=env,
