@@ -37,10 +37,10 @@ GIB = 2**30
 # peak. Fitted on real train-stage runs under TCMalloc (BENCHMARKS.md, "Host memory of the 27M rows"): peak RSS =
 # 680 MiB + 1.12 x the traced peak within -6%..+12% on the 27M rows and the whole showcase. glibc keeps 1.45x what
 # TCMalloc does (the showcase under each); jemalloc, measured over 16 steps only, kept no more than TCMalloc. The
-# lock's mimalloc: 1.24, the median of what 8 quiet runs under it kept (0.96-1.43: three 27M rows, three SmolLM2
-# rows, the GRPO showcase's two stages), checked on four others (BENCHMARKS.md, "The plan on a machine nobody set up").
+# lock's mimalloc (with allocator.OPTIONS): 1.16, what it kept on the showcase's 8- and 16-step cuts (BENCHMARKS.md,
+# "The allocator from the lock"), checked on ten other quiet runs ("The plan on a machine nobody set up").
 CPU_PROCESS_BYTES = 680 * 2**20
-HOST_RETENTION = {"tcmalloc": 1.12, "mimalloc": 1.24, "jemalloc": 1.12, "glibc": 1.12 * 1.45}
+HOST_RETENTION = {"tcmalloc": 1.12, "mimalloc": 1.16, "jemalloc": 1.12, "glibc": 1.12 * 1.45}
 HOST_REQUEST_MARGIN = 1.25  # the request over that prediction
 # A GPU process's host memory besides the weights it loads: the CUDA/HIP runtime's too (not measured here).
 GPU_PROCESS_BYTES = int(1.5 * GIB)
@@ -148,7 +148,7 @@ class Planner:
 
     def seconds_per_micro_step(self, step: Step, tokens: float) -> tuple[float, dict[str, Any]]:
         """Predicted seconds of one forward+backward(+optimizer) over `tokens` tokens, and its terms."""
-        rates = device_rates(self.hardware, step.precision, self.params["hidden_size"])
+        rates = device_rates(self.hardware, step.precision, self.params["hidden_size"], full=not self.train.adapters)
         if self.estimator == "traced":
             trace = traced(self.model_dir, self.train, step, self.trust_remote_code, self.params)
             per_token, ops, source = trace.flops / (step.rows * step.seq_len), trace.ops, "traced"

@@ -114,7 +114,7 @@ class Time(Section):
     ops_per_micro_step: int = Field(description="aten ops one micro-step dispatches (from the trace; 0 for analytical)")
     device_flops: float = Field(
         description="matmul FLOP/s one device reaches in training: GPU peak × MFU (0.4 CUDA, 0.35 ROCm), or the CPU "
-        "probe × 0.75 fp32 / 0.38 bf16 (a CPU device: one process, with cores / `hardware.processes` threads)"
+        "probe × 0.75 fp32 / 0.38 bf16 (0.48 for a bf16 full fine-tune; a CPU device: one process, with cores / `hardware.processes` threads)"
     )
     op_seconds: float = Field(description="cost of one dispatched op: 8 µs on GPUs; on CPUs the probed bare op × 4")
     throughput_source: str = Field(description="where `device_flops` came from")
@@ -195,7 +195,7 @@ class Resources(Section):
     cpus: int = Field(description="`hardware.cpus`, else the planning machine's cores (CPU) or 8 per GPU")
     mem_mb: int = Field(
         description="host memory per node × 1.25: per CPU process 680 MiB (the process) plus the peak × 1.12 (what "
-        "TCMalloc or jemalloc keeps across batch shapes), × 1.24 under mimalloc, × 1.62 under glibc, plus "
+        "TCMalloc or jemalloc keeps across batch shapes), × 1.16 under mimalloc, × 1.62 under glibc, plus "
         "`model.quantized_stored_bytes` for a 4-bit base; per GPU 1.5 GiB plus an fp32 copy of the weights while loading"
     )
     allocator: Literal["tcmalloc", "mimalloc", "jemalloc", "glibc"] = Field(

@@ -23,22 +23,28 @@ from .probe import cached_cpu_probe, cached_memory_bandwidth
 # bench/bench_plan.py on the tiny and the 27M model on a quiet machine. bf16 autocast reaches half the
 # share fp32 does: it keeps fp32 master weights and casts each one to bf16 again in every pass.
 CPU_MATMUL_EFFICIENCY = {"fp32": 0.75, "bf16": 0.38}
+# A full fine-tune in bf16 reaches more of it: its weight gradients are large matmuls where an adapter's are rank-r
+# slivers. Fitted on the 27M model's two full-fine-tune runs (0.46 and 0.50 needed), checked on SmolLM2's
+# (BENCHMARKS.md, "The plan on a machine nobody set up"); fp32 has no full-fine-tune fit of its own.
+CPU_FULL_BF16_EFFICIENCY = 0.48
 CPU_OP_COST_FACTOR = 4.0
 # Model FLOPs utilisation a tuned GPU training step reaches, and a kernel launch per op.
 GPU_MFU = {"cuda": 0.4, "rocm": 0.35}
 GPU_OP_SECONDS = 8e-6
-# QLoRA on a CPU: bitsandbytes' dequantize_4bit of one base weight to the compute dtype, paid each time a step
-# dequantizes a layer (its forward, its input's gradient, and the forward again under gradient checkpointing).
-# bench/bench_dequantize.py on this 2-core machine, loaded: 4-7 ns per weight on most layer shapes and settings
-# (its slow windows, up to 130 ns, are the other jobs' load). On GPUs the cost is not modelled.
-CPU_DEQUANTIZE_SECONDS_PER_WEIGHT = 6e-9
+# QLoRA on a CPU: what a LoRA layer's forward and backward costs more over bitsandbytes' 4-bit base (Linear4bit,
+# nf4, compute dtype bf16) than over the same base in bf16, per base weight, paid each time a step dequantizes a layer
+# (its forward, its input's gradient, and the forward again under gradient checkpointing). bench/bench_dequantize.py,
+# quiet, 2026-12-07: 0.69 ns on SmolLM2's 576 x 576 layers and 1.74 on its 1536 x 576 ones (of which the
+# dequantize_4bit kernel itself is 0.1); 1.5 weighted by SmolLM2's layers. Checked on whole runs it did not see
+# (BENCHMARKS.md, "The plan on a machine nobody set up"). On GPUs the cost is not modelled.
+CPU_QUANTIZED_SECONDS_PER_WEIGHT = 1.5e-9
 
 
 def dequantize_seconds(quantized_weights: int, checkpointing: bool, accelerator: str) -> float:
-    """Seconds one QLoRA micro-step spends dequantizing its 4-bit base (0 where it is not modelled)."""
+    """Seconds one QLoRA micro-step spends more on its 4-bit base than on a bf16 one (0 where it is not modelled)."""
     if accelerator != "cpu":
         return 0.0
-    return (3 if checkpointing else 2) * quantized_weights * CPU_DEQUANTIZE_SECONDS_PER_WEIGHT
+    return (3 if checkpointing else 2) * quantized_weights * CPU_QUANTIZED_SECONDS_PER_WEIGHT
 
 
 def flops_per_token(params: dict, seq_len: int, checkpointing: bool) -> float:
@@ -52,9 +58,10 @@ def flops_per_token(params: dict, seq_len: int, checkpointing: bool) -> float:
     return dense + attention + recompute
 
 
-def device_rates(hardware: Hardware, precision: str, width: int) -> dict[str, float | str]:
-    """FLOP/s one device reaches in training matmuls, seconds per dispatched op, the bytes per second it reads weights
-    from memory at (what bounds decoding: plan.generation), and where they came from."""
+def device_rates(hardware: Hardware, precision: str, width: int, full: bool = False) -> dict[str, float | str]:
+    """FLOP/s one device reaches in training matmuls (of every weight, `full`, or of adapters over a frozen base),
+    seconds per dispatched op, the bytes per second it reads weights from memory at (what bounds decoding:
+    plan.generation), and where they came from."""
     if hardware.accelerator != "cpu":
         gpu = GPUS[hardware.gpu]
         return {"matmul_flops": gpu.peak_tflops_16bit * 1e12 * GPU_MFU[hardware.accelerator],
@@ -63,7 +70,7 @@ def device_rates(hardware: Hardware, precision: str, width: int) -> dict[str, fl
                 "source": f"peak table: {hardware.gpu} x MFU {GPU_MFU[hardware.accelerator]}"}
     cpus = max(1, cpu_count(hardware) // hardware.processes)  # a CPU device is one process's share of the cores
     probe = {**cached_cpu_probe(precision, width, cpus), "memory_bytes_per_second": cached_memory_bandwidth(width, cpus)}
-    efficiency = CPU_MATMUL_EFFICIENCY[precision]
+    efficiency = CPU_FULL_BF16_EFFICIENCY if full and precision == "bf16" else CPU_MATMUL_EFFICIENCY[precision]
     return {"matmul_flops": probe["matmul_flops"] * efficiency,
             "op_seconds": probe["op_seconds"] * CPU_OP_COST_FACTOR,
             "memory_bytes_per_second": probe["memory_bytes_per_second"], "accelerator": "cpu",

@@ -9,14 +9,13 @@ cut the peak as much but train 1.8x slower.
 
 A fresh clone or a cluster node where the user is not root has neither TCMalloc nor jemalloc, so the lock itself
 ships an allocator: mimalloc, from the cmeel-mimalloc wheel (envs/xtrain.lock), found by where pip installed it
-(the distribution's files), never by the system's search. The order of CANDIDATES is by measurement (BENCHMARKS.md,
-"The allocator from the lock"): TCMalloc first, the one measured faster than glibc (1.35x on a quiet machine) and
-whose retention and compiled speed-up the plan has measured on whole runs; mimalloc next: on the showcase's 8-step
-cut under a load of 7-10 it peaked and trained as glibc did (10,154 against 10,177 MiB, 1,111 against 1,127 s),
-so it is no worse, but its gain is unproven there, and the plan allows it glibc's retention and no compiled
-speed-up; jemalloc last (0.8x glibc's speed), for an interpreter without the lock's wheel (a lane's conda env).
-The train job runs under the first candidate this machine has and can load, and under glibc otherwise; the plan's
-host-memory request allows for the one it will get (`for_train_job`).
+(the distribution's files), never by the system's search, and run with the OPTIONS below. The order of CANDIDATES is
+by measurement (BENCHMARKS.md, "The allocator from the lock"; the showcase's 16-step cut, quiet, 2026-12-07):
+TCMalloc first (198 s, 14,067 MiB); the lock's mimalloc next, as fast within 5% (207 s, 14,898 MiB; 273 s with
+mimalloc's default options); jemalloc last (0.8x glibc's speed), for an interpreter without the lock's wheel (a
+lane's conda env). glibc trained the cut in 209 s, but its peak wanders from run to run (13,393 to 17,010 MiB) by
+how its arenas fragment. The train job runs under the first candidate this machine has and can load, and under glibc
+otherwise; the plan's host-memory request allows for the one it will get (`for_train_job`).
 
 A library must be loaded before the process's first allocation: the train job re-executes itself with LD_PRELOAD
 set (`preload`), and the processes it launches (torchrun workers, a lane's own interpreter in .venvs/<lane>/)
