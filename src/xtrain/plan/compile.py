@@ -20,9 +20,11 @@ from .schema import Compile
 # Step speed-up of inductor's default mode over eager through trl_cpu, per (device kind, autocast dtype, the train
 # job's allocator), on the 27M Llama, batch 4 x 512 (BENCHMARKS.md, "Compiled training and the settings grid"):
 # compiling saves allocations, so it gains less where TCMalloc already makes them cheap. fp32: a hand-written loop's.
-# Unmeasured combinations (jemalloc, the lock's mimalloc, every GPU) stay eager: with no entry, `decide` plans eager
-# and says the speed-up is not measured, rather than borrowing another allocator's.
-SPEEDUP = {("cpu", "bf16", "glibc"): 1.20, ("cpu", "bf16", "tcmalloc"): 1.10,
+# The lock's mimalloc (with allocator.OPTIONS), bf16: 0.97, trl_cpu compiled against eager on the 27M LoRA and full
+# rows of bench_trl_throughput.py, the same morning (BENCHMARKS.md, "The allocator from the lock").
+# Unmeasured combinations (jemalloc, every GPU) stay eager: with no entry, `decide` plans eager and says the
+# speed-up is not measured, rather than borrowing another allocator's.
+SPEEDUP = {("cpu", "bf16", "glibc"): 1.20, ("cpu", "bf16", "tcmalloc"): 1.10, ("cpu", "bf16", "mimalloc"): 0.97,
            ("cpu", "fp32", "glibc"): 0.92, ("cpu", "fp32", "tcmalloc"): 0.99}
 # Compile seconds per aten op the step dispatches (the trace's count), measured as the first step's extra time in
 # bench_trl_throughput.py: 10.6 s for the 27M LoRA step's 7,348 ops, 8-14.5 s for the full step's 5,404.
