@@ -27,7 +27,7 @@ from . import generation
 from .memory import BYTES, Step, analytical, traced
 from .model import count_parameters
 from .schema import Compile, Generation, Plan
-from .speed import cpu_count, cpu_supports_bf16, dequantize_seconds, device_rates, flops_per_token
+from .speed import cpu_count, cpu_supports_bf16, quantized_layer_seconds, device_rates, flops_per_token
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class Planner:
             per_token, ops, source = flops_per_token(self.params, attended, step.checkpointing), 0, "analytical"
         seconds = tokens * per_token / rates["matmul_flops"] + ops * rates["op_seconds"]
         if self.train.method == "qlora":
-            seconds += dequantize_seconds(self.params["quantized"], step.checkpointing, self.hardware.accelerator)
+            seconds += quantized_layer_seconds(self.params["quantized"], step.checkpointing, self.hardware.accelerator)
         if self.reference in ("adapter", "copy"):  # the reference forward in each step
             seconds *= 1 + REFERENCE_FORWARD
         return seconds, {"flops_per_token": round(per_token), "flops_source": source, "ops_per_micro_step": ops,
