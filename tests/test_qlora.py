@@ -16,7 +16,7 @@ from xtrain.artifacts import read_json
 from xtrain.plan import make_plan, write_plan
 from xtrain.plan.memory import four_bit_bytes
 from xtrain.plan.model import stored_bytes_per_weight
-from xtrain.plan.planner import CPU_PROCESS_BYTES, HOST_REQUEST_MARGIN, HOST_RETENTION
+from xtrain.plan.planner import HOST_REQUEST_MARGIN, cpu_process_bytes
 from xtrain.recipe import Hardware, Lora, Train
 from xtrain.train.checkpoint import check_checkpoint
 from xtrain.train.run import run_training
@@ -116,8 +116,7 @@ def test_the_plan_counts_a_4bit_base(tiny_model, prepared):
     # On the CPU the checkpoint stays mapped beside the 4-bit copies, every page of the quantized layers read: the
     # host request counts their stored bytes (the tiny model is saved in float32).
     assert qlora.model.quantized_stored_bytes == quantized * 4
-    host = (CPU_PROCESS_BYTES + qlora.memory.peak_bytes_per_device * HOST_RETENTION[qlora.resources.allocator]
-            + quantized * 4)
+    host = cpu_process_bytes(qlora.memory.peak_bytes_per_device, qlora.resources.allocator) + quantized * 4
     assert qlora.resources.mem_mb == math.ceil(host * HOST_REQUEST_MARGIN / 2**20)
 
 

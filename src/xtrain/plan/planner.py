@@ -15,7 +15,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import XtrainError
 from ..models.gpus import GPUS
@@ -33,14 +33,25 @@ log = logging.getLogger(__name__)
 
 GIB = 2**30
 # Host memory a CPU training process holds besides the step (interpreter, torch, transformers, trl, the data), and
-# what the train job's allocator keeps of the blocks freed across a run's batch shapes, per byte of the traced step's
-# peak. Fitted on real train-stage runs under TCMalloc (BENCHMARKS.md, "Host memory of the 27M rows"): peak RSS =
-# 680 MiB + 1.12 x the traced peak within -6%..+12% on the 27M rows and the whole showcase. glibc keeps 1.45x what
-# TCMalloc does (the showcase under each); jemalloc, measured over 16 steps only, kept no more than TCMalloc. The
-# lock's mimalloc (with allocator.OPTIONS): 1.16, what it kept on the showcase's 8- and 16-step cuts (BENCHMARKS.md,
-# "The allocator from the lock"), checked on ten other quiet runs ("The plan on a machine nobody set up").
+# what the train job's allocator keeps: of the blocks freed across a run's batch shapes, per byte of the traced step's
+# peak, and besides that a fixed amount. Fitted on real train-stage runs under TCMalloc (BENCHMARKS.md, "Host memory
+# of the 27M rows"): peak RSS = 680 MiB + 1.12 x the traced peak within -6%..+12% on the 27M rows and the whole
+# showcase. glibc keeps 1.45x what TCMalloc does (the showcase under each); jemalloc, measured over 16 steps only,
+# kept no more than TCMalloc. The lock's mimalloc (with allocator.OPTIONS, which return freed pages with MADV_FREE)
+# keeps 370 MiB more whatever the model and 1.025 x the step: fitted on eight quiet runs of the 27M and SmolLM2 and
+# the showcase's two cuts, checked on the two QLoRA runs (BENCHMARKS.md, "What mimalloc keeps, refitted").
 CPU_PROCESS_BYTES = 680 * 2**20
-HOST_RETENTION = {"tcmalloc": 1.12, "mimalloc": 1.16, "jemalloc": 1.12, "glibc": 1.12 * 1.45}
+
+
+class Retention(NamedTuple):
+    """What an allocator keeps in a CPU training process: a fixed amount, and a factor on the traced step's peak."""
+
+    fixed_bytes: int
+    step_factor: float
+
+
+HOST_RETENTION = {"tcmalloc": Retention(0, 1.12), "mimalloc": Retention(370 * 2**20, 1.025),
+                  "jemalloc": Retention(0, 1.12), "glibc": Retention(0, 1.12 * 1.45)}
 HOST_REQUEST_MARGIN = 1.25  # the request over that prediction
 # A GPU process's host memory besides the weights it loads: the CUDA/HIP runtime's too (not measured here).
 GPU_PROCESS_BYTES = int(1.5 * GIB)
@@ -474,6 +485,12 @@ def device_budget(hardware: Hardware, gpu: str | None = None) -> int:
     return int(GPUS[gpu or hardware.gpu].memory_gib * GIB)
 
 
+def cpu_process_bytes(peak: int, memory_allocator: str) -> int:
+    """A CPU training process's peak RSS for a traced step of `peak` bytes under `memory_allocator`."""
+    kept = HOST_RETENTION[memory_allocator]
+    return int(CPU_PROCESS_BYTES + kept.fixed_bytes + peak * kept.step_factor)
+
+
 def resources(planner: Planner, peak: int, seconds: float) -> dict[str, Any]:
     """What the train job asks the scheduler for, per node: GPUs, cores, host memory, minutes."""
     hardware, params, memory_allocator = planner.hardware, planner.params, planner.memory_allocator
@@ -481,7 +498,7 @@ def resources(planner: Planner, peak: int, seconds: float) -> dict[str, Any]:
         # A 4-bit base loaded on the CPU keeps its checkpoint files mapped, every page of them read while quantizing:
         # resident beside the 4-bit copies (BENCHMARKS.md, "A 4-bit base's mapped checkpoint").
         mapped = params.get("quantized_stored_bytes") or 0
-        host_bytes = hardware.processes * (CPU_PROCESS_BYTES + peak * HOST_RETENTION[memory_allocator] + mapped)
+        host_bytes = hardware.processes * (cpu_process_bytes(peak, memory_allocator) + mapped)
         cpus = cpu_count(hardware)
     else:  # each GPU's process holds a host copy of the weights while loading them
         host_bytes = hardware.gpus * (GPU_PROCESS_BYTES + params["total"] * 4)
