@@ -191,6 +191,8 @@ def main() -> None:
     parser.add_argument("--measure", nargs=4, metavar=("SIDE", "FOLDER", "METHOD", "PRECISION"),
                         help="internal: one measurement in this process")
     parser.add_argument("--rounds", type=int, default=1, help="alternating measurements of each side per row")
+    parser.add_argument("--methods", default=",".join(method for method, _ in CONFIGS),
+                        help="the rows to measure, by method (comma-separated; default: all)")
     args = parser.parse_args()
     if args.measure:
         side, folder, method, precision = args.measure
@@ -216,7 +218,7 @@ def main() -> None:
               "first step s, loop / trl_cpu |")
         print("| --- " * 11 + "|")
         kinds = ("wall", "saves", "wall_steps", "first_step")
-        for method, precision in CONFIGS:
+        for method, precision in (row for row in CONFIGS if row[0] in args.methods.split(",")):
             runs = {side: [] for side in SIDES}
             for _ in range(args.rounds):
                 for side in SIDES:

@@ -32,6 +32,15 @@ os.environ.setdefault("XTRAIN_ENV_STORE", str(Path(os.environ.get("XDG_CACHE_HOM
 # Other caches (the plan's CPU probe, Hugging Face's) go to a fresh folder: tests neither read nor leave them in
 # ~/.cache.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="xtrain-tests-cache-")
+# Snakemake's Slurm executor plugin runs `scontrol show config` each time snakemake starts (for a help text). Where
+# Slurm's client is installed and no controller answers (here, outside test_slurm's cluster), scontrol retries for
+# the configuration's MessageTimeout, 10 s by default, and with no configuration it looks the controller up in DNS
+# for longer: every snakemake call of the suite paid 9 s (`snakemake --version`: 10.3 s, 1.9 s with this). The tests'
+# Slurm clients read a configuration naming no live controller, given up on at once; test_slurm's cluster unsets
+# SLURM_CONF in its process while it runs (tests/slurm_cluster.py).
+NO_CLUSTER = Path(tempfile.mkdtemp(prefix="xtrain-tests-slurm-")) / "slurm.conf"
+NO_CLUSTER.write_text("ClusterName=none\nSlurmctldHost=localhost\nSlurmctldPort=9\nMessageTimeout=1\n")
+os.environ.setdefault("SLURM_CONF", str(NO_CLUSTER))
 # A fixed CPU probe (xtrain.plan.probe): no plan in the tests depends on this machine's speed or load.
 os.environ["XTRAIN_CPU_PROBE"] = "1.2e11,2.0e-6"
 # A fixed CPU matmul peak (xtrain.plan.peak): the train job's MFU is taken over it, not over a measurement here.

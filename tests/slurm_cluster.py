@@ -2,7 +2,9 @@
 
 Installs slurmctld/slurmd/munge when missing (root only), writes /etc/slurm/slurm.conf on free ports
 (a config that was there is put back afterwards), starts munged, slurmctld and slurmd, and stops
-exactly the daemons it started. No accounting daemon: callers poll with squeue.
+exactly the daemons it started. No accounting daemon: callers poll with squeue. While it runs, this process's
+SLURM_CONF (tests/conftest.py's, naming no cluster) is unset: Slurm's commands read /etc/slurm/slurm.conf, as the
+Snakemake job step does (it strips SLURM_CONF).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Cluster:
         self.state = state
         self.started: list[int] = []
         self.saved_conf = CONF.read_text() if CONF.exists() else None
+        self.saved_conf_variable = os.environ.get("SLURM_CONF")
 
     def start(self) -> None:
         if not ensure_installed(["slurmctld", "munged"], list(PACKAGES)):
@@ -77,6 +80,7 @@ class Cluster:
         memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 - 4096
         CONF.parent.mkdir(parents=True, exist_ok=True)
         CONF.write_text(slurm_conf(self.state, os.cpu_count() or 1, memory_mb))
+        os.environ.pop("SLURM_CONF", None)
         self._start_munge()
         subprocess.run(["slurmctld", "-c"], check=True)  # -c: a clean state, no jobs from an earlier run
         self._remember("slurmctld.pid")
@@ -128,6 +132,8 @@ class Cluster:
             CONF.unlink(missing_ok=True)
         else:
             CONF.write_text(self.saved_conf)
+        if self.saved_conf_variable is not None:
+            os.environ["SLURM_CONF"] = self.saved_conf_variable
 
 
 def show_jobs() -> list[dict[str, str]]:
