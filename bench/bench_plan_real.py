@@ -5,8 +5,8 @@
     (either with --keep DIR: each run's plan, metrics and peak RSS kept there as JSON, for fitting)
 
 Every run is the real train stage (`xtrain.train.run_training`, trl_cpu, length-grouped batches) in a fresh
-process under the allocator the train job gets (`xtrain.train.allocator`: TCMalloc or jemalloc preloaded where the machine
-has them) and with no MALLOC_* variable, trained on a plan made for this machine as the plan stage makes it
+process under the allocator the train job gets (`xtrain.train.allocator`: the machine's TCMalloc, else the lock's mimalloc
+with its options, else the machine's jemalloc) and with no MALLOC_* variable, trained on a plan made for this machine as the plan stage makes it
 (`make_plan`, the recorded CPU probe). Measured: the trainer's runtime (train_metrics.json `trainer_runtime_seconds`:
 every step and the trainer checkpoints saved during the run, not loading the model) and the process's peak RSS
 (the child's ru_maxrss); predicted: the plan's `time.seconds`, its host-memory request `resources.mem_mb` and the

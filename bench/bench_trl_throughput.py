@@ -12,8 +12,8 @@ PLANNED_STEPS steps of these rows (precision, micro-batch, checkpointing, torch.
 them. Each measurement is its own process, the two sides alternate, and rates are taken between the ends of
 step WARMUP and the last step, so that loading, compiling and the first steps' one-off costs count for neither;
 the first step's seconds (compile included) are given apart. Rates are tokens per wall second.
-The backend runs under the allocator the train job gets (`xtrain.train.allocator`: TCMalloc, else jemalloc, preloaded
-where the machine has it); the loop is measured under glibc and under that allocator too.
+The backend runs under the allocator the train job gets (`xtrain.train.allocator`: the machine's TCMalloc, else the
+lock's mimalloc with its options, else the machine's jemalloc); the loop is measured under glibc and under that allocator too.
 The backend saves a resumable trainer checkpoint every quarter of its run (model, optimizer and scheduler
 state), which the loop does not: in these 8 steps that is after steps 2, 4 and 6, inside the window. Each
 save is timed (from the step's end to the trainer's on_save), and the rates are also given without them,

@@ -195,7 +195,7 @@ class Resources(Section):
     cpus: int = Field(description="`hardware.cpus`, else the planning machine's cores (CPU) or 8 per GPU")
     mem_mb: int = Field(
         description="host memory per node × 1.25: per CPU process 680 MiB (the process) plus the peak × 1.12 (what "
-        "TCMalloc or jemalloc keeps across batch shapes), × 1.62 under glibc, 370 MiB + × 1.025 under mimalloc, plus "
+        "TCMalloc or jemalloc keeps across batch shapes), × 1.62 under glibc, 380 MiB + × 1.02 under mimalloc, plus "
         "`model.quantized_stored_bytes` for a 4-bit base; per GPU 1.5 GiB plus an fp32 copy of the weights while loading"
     )
     allocator: Literal["tcmalloc", "mimalloc", "jemalloc", "glibc"] = Field(
