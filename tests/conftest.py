@@ -182,24 +182,23 @@ def scheduled_jobs(output: str) -> set[tuple[str, str | None]]:
     return with_recipe | others
 
 
-# Files whose tests take minutes, longest first (seconds: each file's tests summed from the junit report of one
-# run of the whole suite, quiet, 2026-12-07). `make test` hands whole files to its workers in collection order
+# Files whose tests take minutes, longest first (seconds: their tests among the slowest 40 of one run of
+# `make test` here, 2026-12-06, load 2-4). `make test` hands whole files to its workers in collection order
 # (--dist loadfile --no-loadscope-reorder): these go first, and the short files fill in behind them. xdist's own
 # order, by number of tests, started the Slurm file (3 tests, one cluster, so one worker) among the last.
-LONG_FILES = (  # a fresh clone at bba89d9 (BENCHMARKS.md, "CI's time")
-    "test_gpu_recipes.py",  # 698
-    "test_slurm.py",  # 526
-    "test_robustness.py",  # 353
-    "test_workflow.py",  # 306
-    "test_dvc.py",  # 226
-    "test_smoke.py",  # 198
-    "test_chain.py",  # 187
-    "test_backend_axolotl.py",  # 162
-    "test_export.py",  # 150
-    "test_preference.py",  # 144
-    "test_report.py",  # 100
-    "test_backend_unsloth.py",  # 90
-    "test_torchtune.py",  # 89
+LONG_FILES = (
+    "test_gpu_recipes.py",  # 1,155
+    "test_slurm.py",  # 815 (before the polling, freezing and shared-chain changes of 2026-12-06)
+    "test_smoke.py",  # 253
+    "test_dvc.py",  # 194
+    "test_workflow.py",  # 182
+    "test_robustness.py",  # 168
+    "test_chain.py",  # 136
+    "test_preference.py",  # 105
+    "test_export.py",  # 100
+    "test_report.py",  # 92
+    "test_backend_axolotl.py",  # 75
+    "test_train.py",  # 64
 )
 
 
