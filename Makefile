@@ -50,7 +50,7 @@ showcase-model: venv
 	$(BIN)/snakemake --cores all models/SmolLM2-135M-Instruct
 
 # Three test processes on two cores, each file's tests in one of them (module fixtures are shared within a
-# file): while one waits on Slurm, pip, apt or a job's imports, the others train (the suite took 1,637 s so against
+# file): while one waits on Slurm, pip, apt or a job's imports, the others train (the suite took 1,637 s this way against
 # 1,922 s with two, the machine 90% busy; BENCHMARKS.md, "CI's time"). Each trains on one thread
 # (tests/conftest.py). Files go out in collection order, the longest first (tests/conftest.py's LONG_FILES).
 test: venv
