@@ -17,11 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from xtrain.plan.planner import CPU_PROCESS_BYTES, HOST_REQUEST_MARGIN  # noqa: E402
+
 MIB = 2**20
-PROCESS_MIB = 680  # xtrain.plan.planner.CPU_PROCESS_BYTES
-WINDOW, TARGET = (0.8, 1.0), 0.9
+PROCESS_MIB = CPU_PROCESS_BYTES / MIB
+WINDOW, TARGET = (1 / HOST_REQUEST_MARGIN, 1.0), 0.9  # a prediction whose request (x the margin) is 1.0-1.25x the peak
 
 
 def kept_runs(folders: list[Path]) -> list[tuple[str, float, float, float]]:
@@ -63,12 +67,12 @@ def main() -> None:
         fixed, factor = (float(value) for value in args.given.split(":"))
     else:
         fixed, factor = fit([run for run in runs if run not in checked])
-    print(f"peak RSS = {PROCESS_MIB} MiB + {fixed:g} MiB + {factor:g} x the traced step (+ the mapped checkpoint)\n")
+    print(f"peak RSS = {PROCESS_MIB:g} MiB + {fixed:g} MiB + {factor:g} x the traced step (+ the mapped checkpoint)\n")
     print("| run | peak RSS MiB | predicted / peak | request / peak |\n| --- | --- | --- | --- |")
     for name, peak, traced, mapped in runs:
         ratio = predicted(fixed, factor, traced, mapped) / peak
         print(f"| {name}{' (check)' if (name, peak, traced, mapped) in checked else ''} | {peak:,.0f} | {ratio:.2f} | "
-              f"{ratio * 1.25:.2f} |")
+              f"{ratio * HOST_REQUEST_MARGIN:.2f} |")
 
 
 if __name__ == "__main__":

@@ -34,9 +34,9 @@ GPU_OP_SECONDS = 8e-6
 # QLoRA on a CPU: what a LoRA layer's forward and backward costs more over bitsandbytes' 4-bit base (Linear4bit,
 # nf4, compute dtype bf16) than over the same base in bf16, per base weight, paid each time a step dequantizes a layer
 # (its forward, its input's gradient, and the forward again under gradient checkpointing). bench/bench_dequantize.py,
-# quiet, 2026-12-07, two runs: 0.69 and 2.07 ns on SmolLM2's 576 x 576 layers, 1.74 and 1.08 on its 1536 x 576 ones
-# (of which the dequantize_4bit kernel itself is 0.1); 1.3-1.5 weighted by SmolLM2's layers. Checked on whole runs it did not see
-# (BENCHMARKS.md, "The plan on a machine nobody set up"). On GPUs the cost is not modelled.
+# quiet, 2026-12-07, two runs: 0.69 and 2.07 ns on SmolLM2's 576 x 576 layers, 1.74 and 1.08 on its 1536 x 576
+# ones (of which the dequantize_4bit kernel itself is 0.1); 1.3-1.5 weighted by SmolLM2's layers. Checked on whole
+# runs it did not see (BENCHMARKS.md, "The plan on a machine nobody set up"). On GPUs the cost is not modelled.
 CPU_QUANTIZED_SECONDS_PER_WEIGHT = 1.5e-9
 
 
