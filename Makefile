@@ -53,13 +53,8 @@ showcase-model: venv
 # file): while one waits on Slurm, pip, apt or a job's imports, the others train (the suite took 1,637 s this way against
 # 1,922 s with two, the machine 90% busy; BENCHMARKS.md, "CI's time"). Each trains on one thread
 # (tests/conftest.py). Files go out in collection order, the longest first (tests/conftest.py's LONG_FILES).
-# The suite runs under the allocator a train job gets on this machine (the lock's mimalloc on a fresh clone, with its
-# options), preloaded: it trains in-process too, and its workers and every job they start inherit it. Under glibc the
-# smoke of the 8B DPO recipe took 160 s against 87 s (BENCHMARKS.md, "CI's time").
-TRAIN_JOB_ALLOCATOR = $$($(BIN)/python -c 'from xtrain.train import allocator; \
-	print(*(f"{name}={value}" for name, value in allocator.train_job_variables().items()))')
 test: venv
-	env $(TRAIN_JOB_ALLOCATOR) $(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # The Snakemake workflow catalog's standard: lint clean and snakefmt-formatted (line length in pyproject.toml).
 lint: venv

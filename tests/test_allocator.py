@@ -102,7 +102,6 @@ def test_a_library_the_loader_cannot_preload_is_passed_over(monkeypatch, tmp_pat
     broken = tmp_path / "libmimalloc.so"
     broken.write_text("not a shared object")
     assert not allocator.preloadable(str(broken))
-    monkeypatch.delenv("LD_PRELOAD", raising=False)  # `make test` runs the suite under the train job's allocator
     monkeypatch.setattr(allocator.ctypes.util, "find_library", lambda name: None)
     monkeypatch.setattr(allocator, "locked_library", lambda *candidate: str(broken))
     assert allocator.available() is None and allocator.for_train_job() == "glibc"
