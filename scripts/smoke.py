@@ -3,6 +3,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, f"{snakemake.scriptdir}/../src")  # noqa: F821 (injected by Snakemake)
+from xtrain.train import allocator
+
+# Its train step runs in this process: under the train job's allocator, as the train job would (the 8B DPO recipe's
+# smoke: 160 s under glibc, 87 s under the lock's mimalloc; BENCHMARKS.md, "CI's time").
+allocator.preload()
 from xtrain.recipe import parse_recipe
 from xtrain.smoke import smoke
 from xtrain.stage import recipe_file, run_stage
