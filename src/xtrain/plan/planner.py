@@ -23,7 +23,7 @@ from ..recipe import DATA_KINDS, Hardware, Train
 from ..train import allocator
 from ..train.backends.capabilities import CAPABILITIES
 from . import compile as compilation
-from . import generation
+from . import generation, row_order
 from .memory import BYTES, Step, analytical, traced
 from .model import count_parameters
 from .schema import Compile, Generation, Plan
@@ -203,18 +203,19 @@ def make_plan(
         completion = train.rl.max_completion_length
         longest, mean_len = min(longest + completion, manifest["seq_len"]), mean_len + completion
     steps = train.max_steps or math.ceil(math.ceil(data["rows"] / train.global_batch_size) * train.epochs)
+    trained_len = trained_rows_mean_length(train, planner.packed, data, mean_len, longest, steps)
 
     candidates_precisions = precisions(hardware, train.backend)
-    candidates = fitting_steps(planner, candidates_precisions, per_device, longest, mean_len)
+    candidates = fitting_steps(planner, candidates_precisions, per_device, longest, trained_len)
     if not candidates and planner.reference == "copy" and train.objective in REFERENCED:  # GRPO has no precompute
         log.info("plan: a frozen reference copy does not fit beside the full fine-tune; the reference log-probs are "
                  "computed once over the train rows before training instead (reference: precomputed)")
         planner.reference = "precomputed"
-        candidates = fitting_steps(planner, candidates_precisions, per_device, longest, mean_len)
+        candidates = fitting_steps(planner, candidates_precisions, per_device, longest, trained_len)
     if not candidates:
         raise does_not_fit(planner, candidates_precisions[0], per_device, longest)
     # The fastest precision that fits, each compiled where that pays.
-    step_seconds, layout, speed, compiling = min((with_compile(planner, *candidate, steps, longest, mean_len)
+    step_seconds, layout, speed, compiling = min((with_compile(planner, *candidate, steps, longest, trained_len)
                                                   for candidate in candidates), key=lambda c: total_seconds(c, steps))
     step = layout["step"]
     breakdown = planner.breakdown(step, layout["strategy"])
@@ -259,7 +260,7 @@ def make_plan(
         },
         "time": {
             "steps": steps,
-            "tokens_per_step": round(train.global_batch_size * sequences * mean_len),
+            "tokens_per_step": round(train.global_batch_size * sequences * trained_len),
             **speed,
             "seconds_per_step": round(step_seconds, 4),
             "reference_precompute_seconds": None if precompute is None else round(precompute, 1),
@@ -267,6 +268,22 @@ def make_plan(
         },
         "resources": resources(planner, peak, seconds),
     })
+
+
+def trained_rows_mean_length(train: Train, packed: bool, data: dict, mean_len: float, longest: int,
+                             steps: int) -> float:
+    """The mean length of the rows the run's steps train on: the split's, unless the backend sends unpacked SFT rows
+    length-grouped and the run stops inside a megabatch, whose first rows are its longest (`row_order`)."""
+    grouped = train.objective == "sft" and not packed and CAPABILITIES[train.backend].groups_by_length
+    if not grouped or "length_histogram" not in data:
+        return mean_len
+    rows_trained = steps * train.global_batch_size if train.max_steps else round(data["rows"] * train.epochs)
+    trained = row_order.trained_mean_length(data["length_histogram"], data["rows"], mean_len, longest, rows_trained,
+                                            train.global_batch_size)
+    if abs(trained / mean_len - 1) >= 0.01:
+        log.info("plan: the run's %d steps stop inside a length-grouped megabatch, whose rows go out longest first: "
+                 "they average %.0f tokens against the split's %.0f", steps, trained, mean_len)
+    return trained
 
 
 def with_compile(planner: Planner, step_seconds: float, layout: dict, speed: dict, steps: int, longest: int,

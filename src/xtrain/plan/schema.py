@@ -105,7 +105,11 @@ class Time(Section):
     """Predicted time."""
 
     steps: int = Field(description="optimizer steps: `max_steps`, or ⌈rows / global batch⌉ × epochs")
-    tokens_per_step: int = Field(description="global batch × mean row length")
+    tokens_per_step: int = Field(
+        description="global batch × the mean length of the rows the steps train on: the split's mean, or, where the "
+        "backend sends unpacked SFT rows length-grouped and `max_steps` stops inside a megabatch, the expected length "
+        "of that megabatch's first (longest) rows (xtrain.plan.row_order)"
+    )
     flops_per_token: int = Field(
         description="training FLOPs per token, recomputation included: counted by the trace with torch's per-op "
         "formulas (`flops_source: traced`), else 6·N full / 4·N + 2·trainable LoRA plus 12·layers·hidden·seq attention"

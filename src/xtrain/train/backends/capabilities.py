@@ -36,6 +36,7 @@ class Capabilities:
     resume: bool  # continues an interrupted run from its last trainer checkpoint
     adapter_continue: bool = False  # trains an upstream recipe's LoRA adapter further (model.adapter: continue)
     compiles: bool = False  # trains under torch.compile (and buckets batch lengths) when the plan decides it pays
+    groups_by_length: bool = False  # sends SFT's unpacked rows in transformers' length-grouped order (plan.row_order)
     trackers: tuple[str, ...] = TRACKERS  # train.report_to values it writes to
     lora_options: tuple[str, ...] = LORA_OPTIONS  # train.lora settings beyond plain LoRA that it maps
     neftune: bool = True  # adds NEFTune noise to the input embeddings (train.neftune_noise_alpha)
@@ -48,11 +49,13 @@ CAPABILITIES: dict[str, Capabilities] = {
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
         methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo", "grpo"),
         precisions=("fp32", "bf16"), packing=True, resume=True, compiles=True, adapter_continue=True,
+        groups_by_length=True,
     ),
     "trl_local": Capabilities(
         status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None,
         max_processes=None, methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo", "grpo"),
         precisions=("fp32", "bf16", "fp16"), packing=True, resume=True, compiles=True, adapter_continue=True,
+        groups_by_length=True,
     ),
     # One CPU process: under torchrun on the CPU, Axolotl 0.19's normalize_config sets device_map {"": LOCAL_RANK},
     # and loading the model then fails ("RuntimeError: Cannot access accelerator device when none is available").
@@ -62,7 +65,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None, max_processes=1,
         methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "grpo"),
         precisions=("fp32", "bf16", "fp16"),
-        packing=False, resume=True,
+        packing=False, resume=True, groups_by_length=True,
     ),
     # One process on the CPU or on one CUDA GPU: Unsloth's open-source release trains on a single GPU. On the CPU
     # Unsloth leaves TRL's preference trainers as they are (its own patches are for GPUs). Its 4-bit loader builds
@@ -72,7 +75,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo", "grpo"),
         precisions=("fp32", "bf16", "fp16"),
         packing=True, resume=True, lora_options=("use_rslora", "modules_to_save"), quant_types=("nf4",),
-        single_quant=False,
+        single_quant=False, groups_by_length=True,
     ),
     # Any GPU count and node count through its distributed recipes; ROCm through torch's cuda device and
     # nccl (RCCL) API, which is all torchtune calls. One CPU process: its distributed recipes fail on the CPU.
