@@ -135,11 +135,15 @@ def mfu(result: dict) -> str:
 
 def varied_rows(folder: Path, seq_len: int) -> dict:
     """ROWS random rows, lengths spread evenly over [seq_len / 4, seq_len], the answer the last 3/4: the prepared
-    split and its manifest."""
+    split and its manifest, with the split's statistics as prepare writes them (the plan reads its length histogram:
+    24 steps of 8 rows stop inside the second of four length-grouped megabatches)."""
     import numpy as np
     from datasets import Dataset
 
+    import pyarrow.parquet as pq
+
     from xtrain.artifacts import write_json
+    from xtrain.data.report import split_stats
 
     rng = np.random.default_rng(0)
     lengths = np.linspace(seq_len // 4, seq_len, ROWS).astype(int)
@@ -148,8 +152,7 @@ def varied_rows(folder: Path, seq_len: int) -> dict:
     masks = [[0] * (n // 4) + [1] * (n - n // 4) for n in lengths]
     folder.mkdir(parents=True)
     Dataset.from_dict({"input_ids": ids, "assistant_masks": masks}).to_parquet(str(folder / "train.parquet"))
-    split = {"rows": ROWS, "tokens": int(lengths.sum()), "supervised_tokens": int(sum(map(sum, masks))),
-             "max_len": int(lengths.max())}
+    split = split_stats(pq.read_table(folder / "train.parquet"), seq_len)  # as prepare counts it, histogram included
     manifest = {"seq_len": seq_len, "splits": {"train": split, "eval": split}, "fingerprint": f"varied-{seq_len}",
                 "sources": {"random rows": {"rows": ROWS, "kept": ROWS, "dropped": {}}},
                 "chat_template": "none (random token rows)", "end_of_turn": None}
