@@ -24,9 +24,11 @@ from .probe import cached_cpu_probe, cached_memory_bandwidth
 # share fp32 does: it keeps fp32 master weights and casts each one to bf16 again in every pass.
 CPU_MATMUL_EFFICIENCY = {"fp32": 0.75, "bf16": 0.38}
 # A full fine-tune in bf16 reaches more of it: its weight gradients are large matmuls where an adapter's are rank-r
-# slivers. Fitted on the 27M model's two full-fine-tune runs (0.46 and 0.50 needed), checked on SmolLM2's
-# (BENCHMARKS.md, "The plan on a machine nobody set up"); fp32 has no full-fine-tune fit of its own.
-CPU_FULL_BF16_EFFICIENCY = 0.48
+# slivers. Fitted on four quiet runs of 2026-12-07 05:34 UTC (the 27M model's two and SmolLM2's two: 0.54, 0.52,
+# 0.49 and 0.57 needed, over the tokens each trained), checked on four new ones (BENCHMARKS.md, "The rows a short run
+# trains on"); fp32 has no full-fine-tune fit of its own. The 0.48 before it was fitted on the 27M runs alone, on
+# token counts 7% short (their manifest had no length histogram for `row_order`).
+CPU_FULL_BF16_EFFICIENCY = 0.53
 CPU_OP_COST_FACTOR = 4.0
 # Model FLOPs utilisation a tuned GPU training step reaches, and a kernel launch per op.
 GPU_MFU = {"cuda": 0.4, "rocm": 0.35}
