@@ -49,7 +49,10 @@ class DataShape(Section):
     supervised_tokens: int = Field(description="tokens the loss is computed on")
     seq_len: int = Field(description="`data.seq_len`")
     longest_sequence_tokens: int = Field(description="the longest row: batches are padded to it, so it sets the peak")
-    mean_sequence_tokens: float = Field(description="mean row length: it sets the time")
+    mean_sequence_tokens: float = Field(
+        description="the split's mean row length: it sets the time (with the rows a short run trains on: "
+        "`time.tokens_per_step`)"
+    )
     fingerprint: str = Field(description="the prepared data's fingerprint (manifest.json)")
 
 
