@@ -1,7 +1,7 @@
 """Peak memory of one training step on one device, by two estimators with the same breakdown.
 
-`traced` runs one real step of the model (forward, backward, AdamW step, twice so optimizer states
-exist) on fake tensors: PyTorch's FakeTensorMode gives every op its true output shape and dtype without
+`traced` runs one real step of the model (forward, backward, AdamW step, with AdamW's states already
+made, as in every step after a run's first) on fake tensors: PyTorch's FakeTensorMode gives every op its true output shape and dtype without
 allocating, and `torch.distributed._tools.mem_tracker.MemTracker` sorts live tensors into weights,
 gradients, optimizer states, activations and workspace and keeps the peak. The same pass counts the
 step's FLOPs (`torch.utils.flop_counter`'s formulas) and dispatched ops, which the time prediction uses.
@@ -74,7 +74,7 @@ SHALLOW = (2, 3)
 
 
 class Run(NamedTuple):
-    """One traced step and its segments' peaks: (iteration, phase, where in the layer stack) -> the snapshot
+    """One traced step and its segments' peaks: (phase, where in the layer stack) -> the snapshot
     (MemTracker's reference types and "Total") at the segment's peak, in the order the segments began."""
 
     trace: Trace
@@ -170,23 +170,28 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
         model.train()
         ids = torch.zeros((1, step.rows * step.seq_len) if step.packed else (step.rows, step.seq_len), dtype=torch.long)
         positions = {"position_ids": torch.arange(step.seq_len).repeat(step.rows)[None]} if step.packed else {}
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=step.foreach)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, foreach=step.foreach)
+        # The steady state is a step with AdamW's states held throughout. AdamW makes them at its first step, so an
+        # untraced step on zero gradients makes them here. Tracing two steps instead took twice as long, and counted
+        # a tensor the tracker keeps from the first (one hidden state per row; no real step holds it).
+        for param in trainable:
+            param.grad = torch.zeros_like(param)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         autocast = (nullcontext() if step.precision == "fp32"
                     else torch.autocast("cpu", dtype=torch_dtype(step.precision)))
         tracker = TrainableMemTracker(blocks)
         tracker.track_external(model, optimizer)
         with tracker:
-            for iteration in range(2):  # the second step, with optimizer states, is the steady-state peak
-                tracker.ops = tracker.flops = 0
-                tracker.enter(iteration, "forward")
-                with autocast:
-                    loss = model(input_ids=ids, labels=ids, use_cache=False, **positions).loss
-                tracker.enter(iteration, "backward")
-                loss.backward()
-                tracker.enter(iteration, "optimizer")
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                tracker.reset_mod_stats()
+            tracker.enter("forward")
+            with autocast:
+                loss = model(input_ids=ids, labels=ids, use_cache=False, **positions).loss
+            tracker.enter("backward")
+            loss.backward()
+            tracker.enter("optimizer")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return Run(Trace(fold(peak), tracker.flops, tracker.ops), tracker.segments,
                layer_signature(blocks[0]) if blocks else None)
@@ -235,7 +240,7 @@ def _tracker_class():
         ones, and refreshes every module's peak on every op, which makes a large model's trace 4-20x slower.
         FLOPs use torch's own per-op formulas (and theirs for the CPU's fused attention, which they leave out);
         FlopCounterMode itself keeps tensors alive and would inflate the peak it runs beside.
-        A segment is a stretch of one phase (`enter`) of one iteration: before the decoder layers, or from the start
+        A segment is a stretch of one phase of the step (`enter`): before the decoder layers, or from the start
         of the first, a middle or the last layer (in the forward or backward order) to the start of the next, or to
         the phase's end (a layer's start: its forward pre-hook in the forward, its backward pre-hook in the backward,
         not a checkpoint's recompute; the post-hooks of one layer and the pre-hooks of the next fire in either order);
@@ -248,14 +253,14 @@ def _tracker_class():
             super().__init__()
             self.layer_index = {id(block): index for index, block in enumerate(blocks)}
             self.segments: dict[tuple, dict] = {}
-            self.phase, self.where = (None, None), ("before", None)
+            self.phase, self.where = None, ("before", None)
 
-        def enter(self, iteration: int, phase: str) -> None:
-            self.phase, self.where = (iteration, phase), ("before", None)
+        def enter(self, phase: str) -> None:
+            self.phase, self.where = phase, ("before", None)
 
         def _enter_layer(self, module, backward: bool) -> None:
             index = self.layer_index.get(id(module))
-            if index is not None and (self.phase[1] == "backward") == backward:  # not a checkpoint's recompute
+            if index is not None and (self.phase == "backward") == backward:  # not a checkpoint's recompute
                 last = len(self.layer_index) - 1
                 self.where = ("from", "first" if index == 0 else "last" if index == last else "middle")
 
@@ -289,7 +294,7 @@ def _tracker_class():
                 if self._peak_mem.get(device, 0) < snapshot["Total"]:
                     self._peak_mem[device] = snapshot["Total"]
                     self._peak_mem_snap[device] = dict(snapshot)
-                key = (*self.phase, *self.where)
+                key = (self.phase, *self.where)
                 if key not in self.segments or self.segments[key]["Total"] < snapshot["Total"]:
                     self.segments[key] = dict(snapshot)
 
