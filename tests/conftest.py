@@ -11,9 +11,13 @@ import tempfile
 from pathlib import Path
 
 # Under `pytest -n 3` (make test) three workers share the two cores: one thread each, or OpenMP's spinning
-# threads oversubscribe the machine. Set before anything imports torch; snakemake jobs inherit it.
+# threads oversubscribe the machine. Set before anything imports torch; snakemake jobs inherit it. Jobs still take
+# their rule's threads (run_stage), so their OpenMP threads wait passively, not spinning on cores another worker
+# needs: test_train, test_preference and test_report under -n 3 took 142-143 s instead of 151-162 s, 12% less CPU
+# (BENCHMARKS.md, "CI's time").
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 import yaml  # noqa: E402
