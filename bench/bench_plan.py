@@ -202,7 +202,7 @@ def predict(model_dir: Path, objective: str, method: str, checkpointing: bool, s
     estimates = {}
     for estimator in ("traced", "analytical"):  # each with the plan's own additions (a DPO reference copy)
         estimates[estimator] = sum(Planner(model_dir, train, Hardware(), params, estimator=estimator,
-                                           sequences=sequences).estimate(step).values())
+                                           sequences=sequences).training_breakdown(step, "single").values())
     return {**estimates, "step_seconds": seconds}
 
 

@@ -405,6 +405,63 @@ def test_the_trace_counts_attention_and_a_packed_micro_batch_attends_across_its_
     assert packed == pytest.approx(short + attention_per_length * (2 * 256 - 64), rel=0.05)
 
 
+def test_with_gradient_accumulation_the_trace_holds_the_summed_gradients_as_a_real_loop_does(model_dir):
+    """Every micro-step after an optimizer step's first runs with the gradients summed so far held: a full fine-tune's
+    are as large as its weights. The plan traces such a micro-step; its peak is a real accumulating loop's (torch's
+    MemTracker on real tensors, two optimizer steps of four micro-steps), where one micro-step alone falls short."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from xtrain.plan.memory import Step, traced
+
+    train = Train(method="full", global_batch_size=8, micro_batch_size=2)
+    plan = make_plan(model_dir, manifest(), train, Hardware())
+    assert plan.layout.gradient_accumulation_steps == 4
+    gradients = plan.model.total * 4
+    assert plan.memory.breakdown_bytes["gradients"] >= gradients
+
+    model = load_real_model(model_dir).train()
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
+    ids = torch.zeros((2, 128), dtype=torch.long)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        for _ in range(2):
+            for _ in range(4):
+                model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+                tracker.reset_mod_stats()  # the tracker's per-module figures, which it keeps for one pass only
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    real = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+    def peak(accumulating: bool) -> int:
+        step = Step(2, 128, "fp32", "fp32", False, False, accumulating=accumulating)
+        return sum(traced(model_dir, train, step).breakdown.values())
+
+    assert peak(True) == pytest.approx(real, rel=0.02)  # equal on this model (12,448,440 bytes)
+    assert peak(False) < real - gradients // 2
+
+
+def test_an_fsdp_step_peaks_where_its_sharded_phases_do_activations_included(model_dir):
+    """Unsharded, a full fine-tune's step peaks at AdamW's update (weights, gradients, two states, no activations);
+    FSDP shards those across the GPUs but not the activations, so its peak is the largest phase once sharded: it holds
+    the forward's activations on top of its shards."""
+    from xtrain.plan.memory import Step, traced
+    from xtrain.plan.planner import Planner
+
+    train = Train(method="full", global_batch_size=8, micro_batch_size=1)
+    hardware = Hardware(accelerator="cuda", gpus=8, gpu_model="h100")
+    planner = Planner(model_dir, train, hardware, count_parameters(model_dir, train), per_device=1)
+    step = Step(1, 64, "bf16", "fp32", False, True)  # short rows: few activations beside the states
+    phases = traced(model_dir, train, step).phases
+    unsharded = max(phases, key=lambda phase: sum(phase.values()))
+    most_activations = max(phase["activations"] for phase in phases)
+    assert unsharded["activations"] < most_activations / 2  # the unsharded peak is AdamW's update
+    sharded = planner.training_breakdown(step, "fsdp")
+    assert sum(sharded.values()) >= most_activations + unsharded["weights"] // 8
+    assert sum(sharded.values()) < sum(unsharded.values())
+
+
 def test_a_packed_run_gets_the_predicted_fastest_micro_batch(model_dir):
     """At seq_len 1024 the tiny model's attention over a packed micro-batch outweighs its small matmuls: the largest
     micro-batch that fits is the slowest, and the plan takes the predicted-fastest instead."""

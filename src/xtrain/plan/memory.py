@@ -49,6 +49,9 @@ class Step:
     # Packed rows train padding-free: a micro-batch is one sequence of rows x seq_len tokens whose attention is masked
     # block by block, so attention spans the whole flattened length.
     packed: bool = False
+    # Gradient accumulation: every micro-step after an optimizer step's first runs with the gradients summed so far
+    # held (a full fine-tune's are as large as its weights), so the step traced is such a micro-step.
+    accumulating: bool = False
 
     @property
     def rows(self) -> int:
@@ -60,6 +63,9 @@ class Trace(NamedTuple):
     breakdown: dict[str, int]  # bytes at the peak, by BREAKDOWN_KEYS
     flops: int  # FLOPs of one step, recomputation included
     ops: int  # aten ops dispatched in one step
+    # Bytes at each segment's peak (the step's peak is one of them), by BREAKDOWN_KEYS: sharding shrinks some kinds
+    # and not others, so a sharded step's peak can be another segment's (Planner.training_breakdown).
+    phases: tuple[dict[str, int], ...] = ()
 
 
 # MemTracker's reference types, folded into the plan's breakdown.
@@ -90,7 +96,8 @@ def traced(model_dir: Path, train: Train, step: Step, trust_remote_code: bool = 
     trace = depth_traced(str(model_dir), "lora" if train.adapters else train.method, lora, step, trust_remote_code)
     if train.method != "qlora":
         return trace
-    return trace._replace(breakdown=quantized(trace.breakdown, params, train, step))
+    return trace._replace(breakdown=quantized(trace.breakdown, params, train, step),
+                          phases=tuple(quantized(phase, params, train, step) for phase in trace.phases))
 
 
 def depth_traced(model_dir: str, method: str, lora: str | None, step: Step, trust_remote_code: bool) -> Trace:
@@ -140,7 +147,8 @@ def extrapolated(runs: list[Run], depth: int) -> Trace | None:
     if any(value < 0 for snap in segments for value in snap.values()):
         return None
     peak = max(segments, key=lambda snap: snap["Total"])  # the first of equal peaks, as the tracker keeps it
-    return Trace(fold(peak), grow(a.trace.flops, b.trace.flops), grow(a.trace.ops, b.trace.ops))
+    return Trace(fold(peak), grow(a.trace.flops, b.trace.flops), grow(a.trace.ops, b.trace.ops),
+                 tuple(fold(snap) for snap in segments))
 
 
 @functools.lru_cache(maxsize=256)  # the layout search and the "does not fit" advice revisit steps
@@ -179,6 +187,9 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
             param.grad = torch.zeros_like(param)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if step.accumulating:  # the earlier micro-steps' gradients, which this one's are added to
+            for param in trainable:
+                param.grad = torch.zeros_like(param)
         autocast = (nullcontext() if step.precision == "fp32"
                     else torch.autocast("cpu", dtype=torch_dtype(step.precision)))
         tracker = TrainableMemTracker(blocks)
@@ -193,7 +204,8 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    return Run(Trace(fold(peak), tracker.flops, tracker.ops), tracker.segments,
+    return Run(Trace(fold(peak), tracker.flops, tracker.ops, tuple(fold(snap) for snap in tracker.segments.values())),
+               tracker.segments,
                layer_signature(blocks[0]) if blocks else None)
 
 
@@ -280,6 +292,8 @@ def _tracker_class():
             for param in module.parameters():
                 infos = self._update_and_maybe_create_winfos(param, _MemRefType.PARAM)
                 param_bytes += sum(info.mem_consumed for info in infos)
+                if param.grad is not None:  # accumulated before tracking began
+                    self._update_and_maybe_create_winfos(param.grad, _MemRefType.GRAD)
                 if install_grad_hooks and param.requires_grad and param not in self._param_to_grad_hook_handles:
                     self._param_to_grad_hook_handles[param] = (
                         param.register_hook(lambda grad: track_grad(grad)),

@@ -99,16 +99,18 @@ class Planner:
         return max({**training, "kv_cache": 0}, generating, key=lambda phase: sum(phase.values()))
 
     def training_breakdown(self, step: Step, strategy: str) -> dict[str, int]:
-        per_device = self.estimate(step)
+        phases = self.estimate(step)
         if strategy != "fsdp":
-            return per_device
+            return max(phases, key=lambda phase: sum(phase.values()))
+        # Sharding shrinks weights, gradients and optimizer states, not activations: the sharded step's peak is the
+        # largest of its phases sharded (an unsharded step peaks at the optimizer's update, a sharded one mid-forward).
         n, block = self.hardware.devices, self.params["largest_layer"]
-        return {
-            **per_device,
-            "weights": per_device["weights"] // n + FSDP_GATHERED_BLOCKS * block * BYTES[step.weights_dtype],
-            "gradients": per_device["gradients"] // n + (block * 4 if self.train.method == "full" else 0),
-            "optimizer": per_device["optimizer"] // n,
-        }
+        return max(({
+            **phase,
+            "weights": phase["weights"] // n + FSDP_GATHERED_BLOCKS * block * BYTES[step.weights_dtype],
+            "gradients": phase["gradients"] // n + (block * 4 if self.train.method == "full" else 0),
+            "optimizer": phase["optimizer"] // n,
+        } for phase in phases), key=lambda phase: sum(phase.values()))
 
     def sampling(self, step: Step) -> generation.Sampling:
         """GRPO: one device's generation batch under this step's micro-batch."""
@@ -135,18 +137,22 @@ class Planner:
         realigned = sampling.realigned * generation.SCORING_FORWARD * micro_seconds * (self.per_device // step.micro_batch)
         return sampling.per_optimizer_step * self.generation_seconds(step) + realigned
 
-    def estimate(self, step: Step) -> dict[str, int]:
-        breakdown = None
+    def estimate(self, step: Step) -> list[dict[str, int]]:
+        """Bytes on one device at the peak of each phase of the step (the traced segments; the analytical estimate
+        is one), unsharded."""
+        phases = None
         if self.estimator == "traced":
             try:
-                breakdown = dict(traced(self.model_dir, self.train, step, self.trust_remote_code, self.params).breakdown)
+                phases = [dict(phase) for phase in
+                          traced(self.model_dir, self.train, step, self.trust_remote_code, self.params).phases]
             except Exception as exc:  # an architecture the fake-tensor trace cannot run: fall back, say why
                 self.estimator, self.fallback_reason = "analytical", f"{type(exc).__name__}: {exc}"[:300]
                 log.warning("memory trace failed, using the analytical estimator: %s", self.fallback_reason)
-        breakdown = breakdown or analytical(self.params, self.train.method, step, self.train)
+        phases = phases or [analytical(self.params, self.train.method, step, self.train)]
         if self.reference == "copy":  # the frozen reference model
-            breakdown["weights"] += self.params["total"] * BYTES[step.weights_dtype]
-        return breakdown
+            for phase in phases:
+                phase["weights"] += self.params["total"] * BYTES[step.weights_dtype]
+        return phases
 
     def reserved(self, peak: int) -> int:
         return reserved_bytes(peak, self.hardware)
@@ -404,7 +410,7 @@ def first_step(planner: Planner, precision: str, micro: int, seq_len: int, check
     # Full fine-tunes keep fp32 master weights; LoRA holds the frozen base in the GPU's 16-bit dtype.
     weights = precision if planner.train.adapters and hardware.accelerator != "cpu" else "fp32"
     return Step(micro, seq_len, precision, weights, checkpointing, foreach=hardware.accelerator != "cpu",
-                sequences=planner.sequences, packed=planner.packed)
+                sequences=planner.sequences, packed=planner.packed, accumulating=planner.per_device > micro)
 
 
 def choose_layout(planner: Planner, precision: str, per_device: int, seq_len: int) -> dict[str, Any] | None:
