@@ -47,6 +47,9 @@ smoke(recipe=parse_recipe(json.loads(Path(recipe).read_text()), recipe), name=na
       sources=[Path(source) for source in json.loads(sources)], out=Path(out), prices={})
 """
 ACCELERATORS = {"cuda": "CUDA", "rocm": "ROCm"}
+# The lane's own validator, which the smoke's launch step names (the start of `validated_by`).
+VALIDATORS = {"trl_local": "TRL's", "axolotl": "Axolotl's load_cfg", "torchtune": "tune validate",
+              "unsloth": "the unsloth runner's"}
 
 
 def recipe_names() -> list[str]:
@@ -160,5 +163,14 @@ def test_each_gpu_recipe_passes_xtrain_smoke_and_states_its_plan(name, gpu_recip
     assert (plan["device"], plan["gpus"]) == (recipe.hardware.gpu, recipe.hardware.devices)
     assert plan["peak_gib_per_device"] < plan["budget_gib_per_device"]
     assert steps["train"]["backend"] == recipe.train.backend and steps["train"]["steps"] == 3
+    # What the lane would launch on the recipe's hardware, as its own validator accepted it: every GPU of the node a
+    # process, in the plan's precision (torchtune's on its command line, the others' in their config).
+    launch, gpus = steps["launch"], recipe.hardware.gpus
+    assert launch["validated_by"].startswith(VALIDATORS[recipe.train.backend]) and launch["resources"]["gpus"] == gpus
+    assert gpus == 1 or f"--nproc-per-node={gpus}" in launch["argv"]
+    if recipe.train.backend == "torchtune":
+        assert f"dtype={plan['precision']}" in launch["argv"]
+    elif recipe.train.backend in ("axolotl", "trl_local"):
+        assert json.loads((tmp_path / "smoke" / "launch.json").read_text())["config"][plan["precision"]] is True
     header = plan_header(plan)
     assert header in path.read_text(), f"{path}: the plan's figures changed; its header should read\n{header}"
