@@ -157,6 +157,31 @@ def test_a_compiled_plan_trains_under_torch_compile(tiny_model, tmp_path, monkey
     assert metrics["steps"] == 3 and math.isfinite(metrics["final_loss"])
 
 
+def test_an_eager_attention_plan_trains_with_eager_attention(tiny_model, tmp_path, monkeypatch):
+    """trl_cpu honours plan.attention: the model it trains is loaded with eager attention, and the checkpoint is the
+    same contract (its config.json names no attention)."""
+    from transformers import AutoModelForCausalLM
+
+    from xtrain.plan import read_plan
+
+    monkeypatch.setenv("XTRAIN_CPU_ATTENTION", "0.010,0.020,0.004,0.008")  # eager measured faster
+    loaded, load = [], AutoModelForCausalLM.from_pretrained
+
+    def recording(*args, **kwargs):
+        model = load(*args, **kwargs)
+        loaded.append(model.config._attn_implementation)
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", recording)
+    train = Train(method="lora", global_batch_size=4, max_steps=2, learning_rate=5e-3, logging_steps=1)
+    run = build_run(tmp_path, tiny_model, train)
+    assert read_plan(run["plan"]).attention.implementation == "eager"
+    assert loaded[0] == "eager", "the train job's load"
+    metrics = assert_checkpoint_contract(run["checkpoint"], tiny_model, "trl_cpu")
+    assert metrics["steps"] == 2 and math.isfinite(metrics["final_loss"])
+    assert "attn_implementation" not in (run["checkpoint"] / "adapter_config.json").read_text()
+
+
 def test_evaluate_runs_where_its_job_plan_says_in_bf16_on_one_loaded_base(lora_run, tiny_model, tmp_path,
                                                                           monkeypatch):
     """The evaluate job in the plan's placement for real: bf16 weights, the base loaded once for base and tuned

@@ -52,6 +52,7 @@ class Step:
     # Gradient accumulation: every micro-step after an optimizer step's first runs with the gradients summed so far
     # held (a full fine-tune's are as large as its weights), so the step traced is such a micro-step.
     accumulating: bool = False
+    attention: str | None = None  # the attn_implementation the model is built with (plan.attention); None: its default
 
     @property
     def rows(self) -> int:
@@ -160,7 +161,8 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     train = Train(method=method, lora=json.loads(lora) if lora else None)
-    model = meta_model(Path(model_dir), train, torch_dtype(step.weights_dtype), trust_remote_code, layers)
+    model = meta_model(Path(model_dir), train, torch_dtype(step.weights_dtype), trust_remote_code, layers,
+                       step.attention)
     blocks = decoder_layers(model)
     # Fake tensors look like tracing to transformers, which then builds a 4-D causal mask a real
     # unpacked batch never materialises; saying "not packed" keeps the real run's mask-free path.

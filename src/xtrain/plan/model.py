@@ -11,11 +11,13 @@ from ..errors import XtrainError
 from ..recipe import Train
 
 
-def meta_model(model_dir: Path, train: Train, dtype=None, trust_remote_code: bool = False, layers: int | None = None):
+def meta_model(model_dir: Path, train: Train, dtype=None, trust_remote_code: bool = False, layers: int | None = None,
+               attention: str | None = None):
     """The model (with its LoRA adapters) on the meta device: every shape, no memory, no weights read.
 
     `dtype` is that of the base weights; peft keeps the adapters in fp32 whatever it is. `layers`: only the first
-    that many decoder layers (the plan traces shallow copies and extrapolates, memory.traced).
+    that many decoder layers (the plan traces shallow copies and extrapolates, memory.traced). `attention`: the
+    attn_implementation to build it with (None: transformers' default for the model).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -24,7 +26,8 @@ def meta_model(model_dir: Path, train: Train, dtype=None, trust_remote_code: boo
     if layers is not None:
         truncate(config.get_text_config(), layers)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                 **({"attn_implementation": attention} if attention else {}))
     if train.adapters:
         from peft import LoraConfig, get_peft_model
 

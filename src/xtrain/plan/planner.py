@@ -22,11 +22,12 @@ from ..models.gpus import GPUS
 from ..recipe import DATA_KINDS, Hardware, Train
 from ..train import allocator
 from ..train.backends.capabilities import CAPABILITIES
+from . import attention as attentions
 from . import compile as compilation
 from . import generation, row_order
 from .memory import BYTES, Step, analytical, traced
 from .model import count_parameters
-from .schema import Compile, Generation, Plan
+from .schema import Attention, Compile, Generation, Plan
 from .speed import cpu_count, cpu_supports_bf16, quantized_layer_seconds, device_rates, flops_per_token
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,32 @@ class Planner:
     packed: bool = False  # the prepared rows are packed: each micro-batch trains as one padding-free sequence
     per_device: int = 0  # sequences per device per optimizer step (global batch / devices)
     prompt_tokens: int = 0  # GRPO: the longest prompt, which completions are sampled after
+    trained_len: float = 0.0  # the mean length of the rows the run's steps train on (the attention probe's)
     memory_allocator: str = field(default_factory=lambda: allocator.for_train_job())  # what the train job runs under
+    decisions: dict = field(default_factory=dict, repr=False)  # attention's, by the step built with the default
+
+    def attention(self, step: Step) -> tuple[Attention, float]:
+        """The attention the plan prefers for this step's shape (plan.attention), and its seconds a micro-step over
+        the model's default (0 or less)."""
+        step = replace(step, attention=None)
+        if step not in self.decisions:
+            self.decisions[step] = attentions.decide(*self.attention_inputs(step))
+        return self.decisions[step]
+
+    def attention_inputs(self, step: Step) -> tuple:
+        hardware, train = self.hardware, self.train
+        if hardware.accelerator != "cpu":
+            return None, 0, False, 0, "a GPU runs torch's fused attention kernels"
+        if not CAPABILITIES[train.backend].chooses_attention:
+            return None, 0, False, 0, f"train.backend {train.backend} loads the model itself"
+        if step.packed:
+            return None, 0, False, 0, "packed micro-batches attend block by block, which the probe does not measure"
+        default, config = attentions.model_attention(str(self.model_dir), self.trust_remote_code)
+        if default != "sdpa":
+            return None, 0, False, 0, f"{default}, as the model's class does not support sdpa"
+        shape = attentions.shape(config, step.rows, self.trained_len or step.seq_len, step.precision)
+        cpus = max(1, cpu_count(hardware) // hardware.processes)
+        return shape, config.num_hidden_layers, step.checkpointing, cpus, None
 
     def breakdown(self, step: Step, strategy: str) -> dict[str, int]:
         """Peak bytes on one device, by kind, with FSDP's sharding applied; for GRPO, those of the larger of the
@@ -167,12 +193,17 @@ class Planner:
         """Predicted seconds of one forward+backward(+optimizer) over `tokens` tokens, and its terms."""
         rates = device_rates(self.hardware, step.precision, self.params["hidden_size"], full=not self.train.adapters)
         if self.estimator == "traced":
-            trace = traced(self.model_dir, self.train, step, self.trust_remote_code, self.params)
+            # Traced with the model's default attention, which the CPU rates were fitted on; eager's measured
+            # difference is added below.
+            trace = traced(self.model_dir, self.train, replace(step, attention=None), self.trust_remote_code,
+                           self.params)
             per_token, ops, source = trace.flops / (step.rows * step.seq_len), trace.ops, "traced"
         else:  # without a trace the op count is unknown: small models will run slower than predicted
             attended = step.seq_len * (step.rows if step.packed else 1)  # tokens each token's attention spans
             per_token, ops, source = flops_per_token(self.params, attended, step.checkpointing), 0, "analytical"
         seconds = tokens * per_token / rates["matmul_flops"] + ops * rates["op_seconds"]
+        if step.attention:
+            seconds += self.attention(step)[1]
         if self.train.method == "qlora":
             seconds += quantized_layer_seconds(self.params["quantized"], step.checkpointing, self.hardware.accelerator)
         if self.reference in ("adapter", "copy"):  # the reference forward in each step
@@ -210,6 +241,7 @@ def make_plan(
         longest, mean_len = min(longest + completion, manifest["seq_len"]), mean_len + completion
     steps = train.max_steps or math.ceil(math.ceil(data["rows"] / train.global_batch_size) * train.epochs)
     trained_len = trained_rows_mean_length(train, planner.packed, data, mean_len, longest, steps)
+    planner.trained_len = trained_len
 
     candidates_precisions = precisions(hardware, train.backend)
     candidates = fitting_steps(planner, candidates_precisions, per_device, longest, trained_len)
@@ -252,6 +284,7 @@ def make_plan(
         "weights_dtype": step.weights_dtype,
         "gradient_checkpointing": step.checkpointing,
         "compile": compiling,
+        "attention": attention_figures(planner, step),
         "reference": planner.reference,
         "generation": generation_figures(planner, step, layout["strategy"]) if train.objective == "grpo" else None,
         "memory": {
@@ -425,13 +458,33 @@ def choose_layout(planner: Planner, precision: str, per_device: int, seq_len: in
             if not planner.fits(first_step(planner, precision, micros[-1], seq_len, checkpointing), strategy):
                 continue
             for index, micro in enumerate(micros):
-                step = first_step(planner, precision, micro, seq_len, checkpointing)
-                if planner.fits(step, strategy):
+                step = fitting_attention(planner, first_step(planner, precision, micro, seq_len, checkpointing),
+                                         strategy)
+                if step:
                     if planner.packed:  # attention spans the whole micro-batch: a smaller one can be faster
                         micro = fastest_packed_micro(planner, precision, micros[index:], per_device, seq_len, checkpointing)
                         step = first_step(planner, precision, micro, seq_len, checkpointing)
                     return {"step": step, "strategy": strategy, "accumulation": per_device // micro}
     return None
+
+
+def fitting_attention(planner: Planner, step: Step, strategy: str) -> Step | None:
+    """The step with the attention the plan prefers where that fits, else with the model's default where that does;
+    None where neither fits (eager holds each layer's attention probabilities: it never fits where the default
+    does not)."""
+    eager = replace(step, attention="eager")
+    if planner.attention(step)[0].implementation == "eager" and planner.fits(eager, strategy):
+        return eager
+    return step if planner.fits(step, strategy) else None
+
+
+def attention_figures(planner: Planner, step: Step) -> Attention:
+    """plan.json's `attention`: the decision for the chosen step, or why a preferred eager step was not taken."""
+    decision = planner.attention(step)[0]
+    if decision.implementation == "eager" and not step.attention:
+        return decision.model_copy(update={"implementation": None,
+                                           "reason": f"the model's default: eager's step would not fit ({decision.reason})"})
+    return decision
 
 
 def fastest_packed_micro(planner: Planner, precision: str, micros: list[int], per_device: int, seq_len: int,

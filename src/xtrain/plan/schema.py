@@ -155,6 +155,20 @@ class Compile(Section):
     reason: str = Field(description="the decision in words: the time it saves against the compile, or what rules it out")
 
 
+class Attention(Section):
+    """Which attention the step runs (`xtrain.plan.attention`): transformers' default for the model, or eager where
+    this CPU measures it faster at the run's shape and its step fits."""
+
+    implementation: Literal["eager"] | None = Field(
+        None, description="`attn_implementation` the backend loads the model with; null: the model's default (sdpa "
+        "where its class supports torch's fused kernel)")
+    default_seconds: float | None = Field(None, description="one micro-step's attention (every layer, forward and "
+                                          "backward) under sdpa, measured by the CPU's attention probe")
+    eager_seconds: float | None = Field(None, description="the same under eager; `time` adds the difference to the "
+                                        "default's traced step where eager is chosen")
+    reason: str = Field(description="the decision in words: the measured seconds, or what rules the choice out")
+
+
 class Generation(Section):
     """train.objective grpo: the generation phase of each optimizer step, as TRL's GRPOTrainer runs it (generate with
     the KV cache, no grad, outside autocast), beside the training step on prompt + completion rows."""
@@ -224,6 +238,8 @@ class Plan(Section):
     )
     gradient_checkpointing: bool = Field(description="recompute activations in backward: only when the run needs it")
     compile: Compile
+    attention: Attention | None = Field(None, description="the attention implementation (plans made before it was "
+                                        "chosen have none: the model's default)")
     reference: Literal["adapter", "copy", "precomputed"] | None = Field(
         None, description="DPO and KTO: where the reference model's log-probabilities come from. `adapter`: LoRA's "
         "base with the adapter disabled, in each step; `copy`: a frozen copy of the weights (full fine-tune), in each "

@@ -37,6 +37,7 @@ class Capabilities:
     adapter_continue: bool = False  # trains an upstream recipe's LoRA adapter further (model.adapter: continue)
     compiles: bool = False  # trains under torch.compile (and buckets batch lengths) when the plan decides it pays
     groups_by_length: bool = False  # sends SFT's unpacked rows in transformers' length-grouped order (plan.row_order)
+    chooses_attention: bool = False  # loads the model with the plan's attention (plan.attention: eager on a CPU)
     trackers: tuple[str, ...] = TRACKERS  # train.report_to values it writes to
     lora_options: tuple[str, ...] = LORA_OPTIONS  # train.lora settings beyond plain LoRA that it maps
     neftune: bool = True  # adds NEFTune noise to the input embeddings (train.neftune_noise_alpha)
@@ -49,13 +50,13 @@ CAPABILITIES: dict[str, Capabilities] = {
         status="trains", accelerators=("cpu",), max_gpus_per_node=0, max_nodes=1, max_processes=1,
         methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo", "grpo"),
         precisions=("fp32", "bf16"), packing=True, resume=True, compiles=True, adapter_continue=True,
-        groups_by_length=True,
+        groups_by_length=True, chooses_attention=True,
     ),
     "trl_local": Capabilities(
         status="trains", accelerators=("cpu", "cuda", "rocm"), max_gpus_per_node=None, max_nodes=None,
         max_processes=None, methods=("lora", "qlora", "full"), objectives=("sft", "dpo", "kto", "orpo", "grpo"),
         precisions=("fp32", "bf16", "fp16"), packing=True, resume=True, compiles=True, adapter_continue=True,
-        groups_by_length=True,
+        groups_by_length=True, chooses_attention=True,
     ),
     # One CPU process: under torchrun on the CPU, Axolotl 0.19's normalize_config sets device_map {"": LOCAL_RANK},
     # and loading the model then fails ("RuntimeError: Cannot access accelerator device when none is available").

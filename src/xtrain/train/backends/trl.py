@@ -298,8 +298,10 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     dtype = getattr(torch, TORCH_DTYPES[placement.precision if sixteen_bit_base else "fp32"])
     quantized = {"quantization_config": BitsAndBytesConfig(**settings["quantization"]),
                  "device_map": quantized_device_map(placement)} if settings["quantization"] else {}
+    # The plan's attention (plan.attention): eager where the CPU measured it faster at the run's shape.
+    attention = plan.attention.implementation if plan.attention else None
     model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, trust_remote_code=job.trust_remote_code,
-                                                 **quantized)
+                                                 **quantized, **({"attn_implementation": attention} if attention else {}))
     if quantized:
         import bitsandbytes
 

@@ -1,0 +1,159 @@
+"""Which attention a CPU training step runs: transformers' default (torch's fused SDPA kernel) or its eager
+attention (matmul, softmax, matmul), whichever this machine measures faster at the run's shape.
+
+On the CPU the fused kernel is not always the faster: on this 2-core EPYC (bf16, LoRA, BENCHMARKS.md, "Attention on
+the CPU") eager trained the 27M Llama's rows of 256 and 512 tokens 8% and 15% faster and SmolLM2-135M's 9% and 12%,
+and both models' rows of 1,024 tokens or more slower. Eager holds each layer's attention probabilities
+(rows × heads × length²) for the backward, so memory decides too: the planner takes eager only where its traced step
+fits.
+
+The probe times one layer's attention forward, and forward with backward, under each implementation, with
+transformers' own attention functions on random query, key and value tensors of the run's shape (micro-batch rows,
+heads, key-value heads, head dimension, the trained rows' mean length) in its precision, best of five windows. It is
+measured once per machine, thread count, torch version and shape and recorded beside the CPU probe
+(`$XDG_CACHE_HOME/xtrain/cpu-attention.json`), so a plan made twice is the same plan. Delete the file to measure
+again. `XTRAIN_CPU_ATTENTION="<sdpa forward>,<sdpa backward>,<eager forward>,<eager backward>"` (seconds per layer)
+gives fixed figures for every shape instead; under `XTRAIN_CPU_PROBE` without it (fixed figures for another machine,
+as the tests plan) nothing is measured and the model's default stays.
+
+The plan's step time keeps the default's trace (which the CPU rates were fitted on) and adds the measured
+difference: (eager − default) per layer, the forward counted twice under gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+from .probe import FIXED, cache_file, cpu_name, read_cache, seconds_per_call, significant, write_cache
+from .schema import Attention
+
+CACHE = "cpu-attention.json"
+FIXED_ATTENTION = "XTRAIN_CPU_ATTENTION"
+WINDOW_SECONDS = 0.05  # per window, five windows per figure
+
+
+class Shape(NamedTuple):
+    """One layer's attention in a micro-step."""
+
+    rows: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    length: int
+    precision: str
+
+
+class Seconds(NamedTuple):
+    """One layer's attention under one implementation: its forward, and its backward."""
+
+    forward: float
+    backward: float
+
+    def micro_step(self, layers: int, checkpointing: bool) -> float:
+        """Seconds of a micro-step's attention over every layer (the forward again under checkpointing)."""
+        return layers * (self.forward * (2 if checkpointing else 1) + self.backward)
+
+
+def shape(config, rows: int, length: float, precision: str) -> Shape:
+    """The attention shape of `rows` rows of `length` tokens for a transformers text config."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return Shape(rows, heads, kv_heads, head_dim, max(1, round(length)), precision)
+
+
+def decide(shape: Shape | None, layers: int, checkpointing: bool, cpus: int, why_not: str | None) -> tuple[Attention, float]:
+    """The implementation a micro-step of this shape trains with, and its seconds over the default's (0 or less).
+    `why_not`: what rules the choice out before measuring (the device, the backend, packing, the model)."""
+    if why_not is None and os.environ.get(FIXED) and not os.environ.get(FIXED_ATTENTION):
+        why_not = f"{FIXED} gives fixed probe figures and {FIXED_ATTENTION} none: attention is not measured"
+    if why_not is not None:
+        return Attention(implementation=None, reason=f"the model's default: {why_not}"), 0.0
+    measured = fixed_seconds(os.environ[FIXED_ATTENTION]) if os.environ.get(FIXED_ATTENTION) else cached_seconds(
+        shape, cpus)
+    default, eager = (Seconds(*measured[kind]).micro_step(layers, checkpointing) for kind in ("sdpa", "eager"))
+    figures = dict(default_seconds=round(default, 4), eager_seconds=round(eager, 4))
+    where = (f"{shape.rows} rows of {shape.length} tokens, {shape.heads} heads ({shape.kv_heads} key-value) of "
+             f"{shape.head_dim}, {shape.precision}, {layers} layers")
+    if eager < default:
+        return Attention(implementation="eager", **figures,
+                         reason=f"eager: {eager:.3f} s against sdpa's {default:.3f} s a micro-step ({where})"), eager - default
+    return Attention(implementation=None, **figures,
+                     reason=f"the model's default: sdpa {default:.3f} s against eager's {eager:.3f} s a micro-step ({where})"), 0.0
+
+
+def fixed_seconds(text: str) -> dict[str, list[float]]:
+    """XTRAIN_CPU_ATTENTION's figures."""
+    try:
+        figures = [float(part) for part in text.split(",")]
+        if len(figures) != 4:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"{FIXED_ATTENTION}={text!r}: give '<sdpa forward>,<sdpa backward>,<eager forward>,<eager "
+                         "backward>' in seconds per layer, e.g. 0.014,0.024,0.009,0.013") from None
+    return {"sdpa": figures[:2], "eager": figures[2:]}
+
+
+def cached_seconds(shape: Shape, cpus: int) -> dict[str, list[float]]:
+    """The recorded forward and backward seconds of each implementation at this shape, measured the first time."""
+    import torch
+
+    key = f"{cpu_name()}|{cpus} threads|torch {torch.__version__}|" + "|".join(f"{name} {value}" for name, value
+                                                                            in shape._asdict().items())
+    path = cache_file(CACHE)
+    entries = read_cache(path)
+    if key not in entries:
+        entries[key] = {kind: [significant(s) for s in seconds] for kind, seconds in measure(shape, cpus).items()}
+        write_cache(entries, path)
+    return entries[key]
+
+
+def measure(shape: Shape, cpus: int) -> dict[str, Seconds]:
+    """Best-of-five seconds of one layer's attention forward, and of its backward, under sdpa and eager."""
+    import torch
+    from transformers import masking_utils
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from .memory import torch_dtype
+
+    class Layer(torch.nn.Module):  # what transformers' attention functions read from the attention module
+        is_causal = True
+        num_key_value_groups = shape.heads // shape.kv_heads
+
+    layer, dtype, threads = Layer().train(), torch_dtype(shape.precision), torch.get_num_threads()
+    tensors = [torch.randn(shape.rows, heads, shape.length, shape.head_dim, dtype=dtype, requires_grad=True)
+               for heads in (shape.heads, shape.kv_heads, shape.kv_heads)]
+    # Eager gets transformers' additive causal mask, in the dtype of the fp32 weights the CPU trains with; sdpa on an
+    # unpadded batch gets none and runs causal.
+    mask = masking_utils.eager_mask(shape.rows, shape.length, shape.length, dtype=torch.float32)
+    scaling = shape.head_dim ** -0.5
+    attend = {"sdpa": lambda: sdpa_attention_forward(layer, *tensors, None, scaling=scaling)[0],
+              "eager": lambda: eager_attention_forward(layer, *tensors, mask, scaling=scaling)[0]}
+    torch.set_num_threads(cpus)
+    try:
+        figures = {}
+        for kind, forward in attend.items():
+            def both():
+                forward().sum().backward()
+
+            seconds = {name: min(seconds_per_call(fn, WINDOW_SECONDS) for _ in range(5))
+                       for name, fn in (("forward", forward), ("both", both))}
+            figures[kind] = Seconds(seconds["forward"], max(0.0, seconds["both"] - seconds["forward"]))
+        return figures
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.lru_cache(maxsize=8)
+def model_attention(model_dir: str, trust_remote_code: bool) -> tuple[str, object]:
+    """The attention transformers gives the model by default ("sdpa" where its class supports torch's kernel), and
+    its text config."""
+    from ..recipe import Train
+    from .model import meta_model
+
+    config = meta_model(Path(model_dir), Train(method="full"), trust_remote_code=trust_remote_code).config
+    return config._attn_implementation, config.get_text_config()
