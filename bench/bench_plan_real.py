@@ -95,7 +95,8 @@ def train_and_measure(model: Path, prepared: Path, manifest: dict, train, work: 
 
 def settings(plan) -> str:
     return (f"{plan.precision}, micro {plan.layout.micro_batch_size} × {plan.layout.gradient_accumulation_steps}"
-            f"{', checkpointing' if plan.gradient_checkpointing else ''}{', compiled' if plan.compile.mode else ''}")
+            f"{', checkpointing' if plan.gradient_checkpointing else ''}{', compiled' if plan.compile.mode else ''}"
+            f"{', eager attention' if plan.attention.implementation == 'eager' else ''}")
 
 
 def predicted_rss_mib(plan) -> float:

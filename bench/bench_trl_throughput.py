@@ -8,7 +8,7 @@ three quarters of each row supervised. The loop is the hand-written eager refere
 accumulation, the row's precision, fp32 weights, torch AdamW (lr 1e-4, no weight decay), gradient clipping at
 1.0, a cosine schedule; forward with labels, backward, clip, step, schedule, zero_grad. The backend runs
 through `TrlCpu().run` (its real SFTConfig/SFTTrainer) with the settings `make_plan` chooses for a run of
-PLANNED_STEPS steps of these rows (precision, micro-batch, checkpointing, torch.compile), trained for STEPS of
+PLANNED_STEPS steps of these rows (precision, micro-batch, checkpointing, torch.compile, attention), trained for STEPS of
 them. Each measurement is its own process, the two sides alternate, and rates are taken between the ends of
 step WARMUP and the last step, so that loading, compiling and the first steps' one-off costs count for neither;
 the first step's seconds (compile included) are given apart. Rates are tokens per wall second.
@@ -130,7 +130,8 @@ def backend_rates(model: Path, prepared: Path, method: str, work: Path) -> dict[
 
 def settings(plan) -> str:
     return (f"{plan.precision}, micro {plan.layout.micro_batch_size}, checkpointing "
-            f"{'on' if plan.gradient_checkpointing else 'off'}, {'compiled' if plan.compile.mode else 'eager'}")
+            f"{'on' if plan.gradient_checkpointing else 'off'}, {'compiled' if plan.compile.mode else 'not compiled'}, "
+            f"attention {plan.attention.implementation or 'sdpa'}")
 
 
 def loop_rates(model_dir: Path, prepared: Path, method: str, precision: str) -> dict[str, float]:

@@ -20,7 +20,7 @@ def test_the_probe_times_both_attentions_once_per_shape_and_records_them(tmp_pat
     assert set(first) == {"sdpa", "eager"}
     assert all(forward > 0 and backward >= 0 for forward, backward in first.values())
     assert (tmp_path / "xtrain" / attention.CACHE).is_file()
-    monkeypatch.setattr(attention, "measure", lambda *args: pytest.fail("measured again: the record was not read"))
+    monkeypatch.setattr(attention, "measured", lambda *args: pytest.fail("measured again: the record was not read"))
     assert attention.cached_seconds(shape, 1) == first
 
 

@@ -9,8 +9,10 @@ fits.
 
 The probe times one layer's attention forward, and forward with backward, under each implementation, with
 transformers' own attention functions on random query, key and value tensors of the run's shape (micro-batch rows,
-heads, key-value heads, head dimension, the trained rows' mean length) in its precision, best of five windows. It is
-measured once per machine, thread count, torch version and shape and recorded beside the CPU probe
+heads, key-value heads, head dimension, the trained rows' mean length) in its precision, best of five windows, in a
+process under the allocator the train job gets: eager allocates each layer's length² scores anew, and glibc, which
+returns such blocks to the system at every free, made it read 2-5x slower than the train job then ran it. It is
+measured once per machine, thread count, torch version, allocator and shape and recorded beside the CPU probe
 (`$XDG_CACHE_HOME/xtrain/cpu-attention.json`), so a plan made twice is the same plan. Delete the file to measure
 again. `XTRAIN_CPU_ATTENTION="<sdpa forward>,<sdpa backward>,<eager forward>,<eager backward>"` (seconds per layer)
 gives fixed figures for every shape instead; under `XTRAIN_CPU_PROBE` without it (fixed figures for another machine,
@@ -23,10 +25,14 @@ difference: (eager − default) per layer, the forward counted twice under gradi
 from __future__ import annotations
 
 import functools
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from ..errors import XtrainError
 from .probe import FIXED, cache_file, cpu_name, read_cache, seconds_per_call, significant, write_cache
 from .schema import Attention
 
@@ -101,14 +107,30 @@ def cached_seconds(shape: Shape, cpus: int) -> dict[str, list[float]]:
     """The recorded forward and backward seconds of each implementation at this shape, measured the first time."""
     import torch
 
-    key = f"{cpu_name()}|{cpus} threads|torch {torch.__version__}|" + "|".join(f"{name} {value}" for name, value
-                                                                            in shape._asdict().items())
+    from ..train import allocator
+
+    key = (f"{cpu_name()}|{cpus} threads|torch {torch.__version__}|{allocator.for_train_job()}|"
+           + "|".join(f"{name} {value}" for name, value in shape._asdict().items()))
     path = cache_file(CACHE)
     entries = read_cache(path)
     if key not in entries:
-        entries[key] = {kind: [significant(s) for s in seconds] for kind, seconds in measure(shape, cpus).items()}
+        entries[key] = {kind: [significant(s) for s in seconds] for kind, seconds in measured(shape, cpus).items()}
         write_cache(entries, path)
     return entries[key]
+
+
+def measured(shape: Shape, cpus: int) -> dict[str, list[float]]:
+    """`measure` in a process under the train job's allocator (`python -m xtrain.plan.attention`)."""
+    from ..train import allocator
+
+    env = dict(os.environ)
+    if not env.get("LD_PRELOAD"):  # the user's own preload is what the train job runs under too
+        env |= allocator.train_job_variables()
+    probe = subprocess.run([sys.executable, "-m", "xtrain.plan.attention", json.dumps(shape._asdict()), str(cpus)],
+                           env=env, capture_output=True, text=True)
+    if probe.returncode:
+        raise XtrainError(f"the CPU attention probe failed for {shape}:\n{probe.stderr[-2000:]}")
+    return json.loads(probe.stdout.strip().splitlines()[-1])
 
 
 def measure(shape: Shape, cpus: int) -> dict[str, Seconds]:
@@ -157,3 +179,8 @@ def model_attention(model_dir: str, trust_remote_code: bool) -> tuple[str, objec
 
     config = meta_model(Path(model_dir), Train(method="full"), trust_remote_code=trust_remote_code).config
     return config._attn_implementation, config.get_text_config()
+
+
+if __name__ == "__main__":  # one measurement, in the train job's environment (`measured`)
+    arguments = json.loads(sys.argv[1])
+    print(json.dumps(measure(Shape(**arguments), int(sys.argv[2]))))
