@@ -27,21 +27,21 @@ def test_the_probe_times_both_attentions_once_per_shape_and_records_them(tmp_pat
 def test_the_difference_counts_every_layer_and_the_forward_again_under_checkpointing(monkeypatch):
     monkeypatch.setenv(attention.FIXED_ATTENTION, EAGER_FASTER)
     shape = attention.Shape(4, 8, 8, 64, 512, "bf16")
-    chosen, delta = attention.decide(shape, layers=6, checkpointing=True, cpus=2, why_not=None)
+    chosen, delta = attention.decide(shape, layers=6, checkpointing=True, cpus=2)
     assert chosen.implementation == "eager"
     assert chosen.default_seconds == pytest.approx(6 * (2 * 0.010 + 0.020))
     assert chosen.eager_seconds == pytest.approx(6 * (2 * 0.004 + 0.008))
     assert delta == pytest.approx(chosen.eager_seconds - chosen.default_seconds)
     monkeypatch.setenv(attention.FIXED_ATTENTION, EAGER_SLOWER)
-    kept, delta = attention.decide(shape, layers=6, checkpointing=False, cpus=2, why_not=None)
+    kept, delta = attention.decide(shape, layers=6, checkpointing=False, cpus=2)
     assert kept.implementation is None and delta == 0 and "sdpa 0.180 s against eager's 0.360 s" in kept.reason
     monkeypatch.setenv(attention.FIXED_ATTENTION, "0.01,0.02")
     with pytest.raises(SystemExit, match="XTRAIN_CPU_ATTENTION='0.01,0.02': give"):
-        attention.decide(shape, layers=6, checkpointing=False, cpus=2, why_not=None)
+        attention.decide(shape, layers=6, checkpointing=False, cpus=2)
 
 
 def test_eager_attention_is_planned_where_it_is_faster_with_its_memory_and_measured_time(tiny_model, monkeypatch):
-    monkeypatch.setattr("xtrain.plan.planner.precisions", lambda hardware, backend: ["fp32"])  # one precision to compare
+    monkeypatch.setattr("xtrain.plan.planner.precisions", lambda hardware, backend: ["fp32"])  # one to compare
     data = manifest(rows=400, mean_len=90, seq_len=128)
     monkeypatch.setenv(attention.FIXED_ATTENTION, EAGER_SLOWER)
     default = make_plan(tiny_model, data, Train(global_batch_size=8), Hardware())

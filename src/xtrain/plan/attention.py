@@ -71,24 +71,26 @@ def shape(config, rows: int, length: float, precision: str) -> Shape:
     return Shape(rows, heads, kv_heads, head_dim, max(1, round(length)), precision)
 
 
-def decide(shape: Shape | None, layers: int, checkpointing: bool, cpus: int, why_not: str | None) -> tuple[Attention, float]:
-    """The implementation a micro-step of this shape trains with, and its seconds over the default's (0 or less).
-    `why_not`: what rules the choice out before measuring (the device, the backend, packing, the model)."""
-    if why_not is None and os.environ.get(FIXED) and not os.environ.get(FIXED_ATTENTION):
-        why_not = f"{FIXED} gives fixed probe figures and {FIXED_ATTENTION} none: attention is not measured"
-    if why_not is not None:
-        return Attention(implementation=None, reason=f"the model's default: {why_not}"), 0.0
-    measured = fixed_seconds(os.environ[FIXED_ATTENTION]) if os.environ.get(FIXED_ATTENTION) else cached_seconds(
-        shape, cpus)
+def ruled_out(why: str) -> tuple[Attention, float]:
+    """The model's default, for a step the choice does not apply to (`why`: the device, the backend, packing...)."""
+    return Attention(implementation=None, reason=f"the model's default: {why}"), 0.0
+
+
+def decide(shape: Shape, layers: int, checkpointing: bool, cpus: int) -> tuple[Attention, float]:
+    """The implementation a micro-step of this shape trains with, and its seconds over the default's (0 or less)."""
+    if os.environ.get(FIXED) and not os.environ.get(FIXED_ATTENTION):
+        return ruled_out(f"{FIXED} gives fixed probe figures and {FIXED_ATTENTION} none: attention is not measured")
+    fixed = os.environ.get(FIXED_ATTENTION)
+    measured = fixed_seconds(fixed) if fixed else cached_seconds(shape, cpus)
     default, eager = (Seconds(*measured[kind]).micro_step(layers, checkpointing) for kind in ("sdpa", "eager"))
-    figures = dict(default_seconds=round(default, 4), eager_seconds=round(eager, 4))
+    figures = {"default_seconds": round(default, 4), "eager_seconds": round(eager, 4)}
     where = (f"{shape.rows} rows of {shape.length} tokens, {shape.heads} heads ({shape.kv_heads} key-value) of "
              f"{shape.head_dim}, {shape.precision}, {layers} layers")
     if eager < default:
-        return Attention(implementation="eager", **figures,
-                         reason=f"eager: {eager:.3f} s against sdpa's {default:.3f} s a micro-step ({where})"), eager - default
-    return Attention(implementation=None, **figures,
-                     reason=f"the model's default: sdpa {default:.3f} s against eager's {eager:.3f} s a micro-step ({where})"), 0.0
+        reason = f"eager: {eager:.3f} s against sdpa's {default:.3f} s a micro-step ({where})"
+        return Attention(implementation="eager", **figures, reason=reason), eager - default
+    reason = f"the model's default: sdpa {default:.3f} s against eager's {eager:.3f} s a micro-step ({where})"
+    return Attention(implementation=None, **figures, reason=reason), 0.0
 
 
 def fixed_seconds(text: str) -> dict[str, list[float]]:

@@ -1,10 +1,10 @@
 """Peak memory of one training step on one device, by two estimators with the same breakdown.
 
 `traced` runs one real step of the model (forward, backward, AdamW step, with AdamW's states already
-made, as in every step after a run's first) on fake tensors: PyTorch's FakeTensorMode gives every op its true output shape and dtype without
-allocating, and `torch.distributed._tools.mem_tracker.MemTracker` sorts live tensors into weights,
-gradients, optimizer states, activations and workspace and keeps the peak. The same pass counts the
-step's FLOPs (`torch.utils.flop_counter`'s formulas) and dispatched ops, which the time prediction uses.
+made, as in every step after a run's first) on fake tensors: PyTorch's FakeTensorMode gives every op its
+true output shape and dtype without allocating, and `torch.distributed._tools.mem_tracker.MemTracker` sorts
+live tensors into weights, gradients, optimizer states, activations and workspace and keeps the peak. The same
+pass counts the step's FLOPs (`torch.utils.flop_counter`'s formulas) and dispatched ops, which the time prediction uses.
 `analytical` is the closed formula (weights + trainable × optimizer bytes + per-layer activations +
 logits); it needs no model code and is the fallback and the cross-check.
 

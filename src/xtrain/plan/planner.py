@@ -95,23 +95,25 @@ class Planner:
         the model's default (0 or less)."""
         step = replace(step, attention=None)
         if step not in self.decisions:
-            self.decisions[step] = attentions.decide(*self.attention_inputs(step))
+            why_not = self.attention_ruled_out(step)
+            self.decisions[step] = attentions.ruled_out(why_not) if why_not else attentions.decide(
+                attentions.shape(self.text_config(), step.rows, self.trained_len or step.seq_len, step.precision),
+                self.params["layers"], step.checkpointing, max(1, cpu_count(self.hardware) // self.hardware.processes))
         return self.decisions[step]
 
-    def attention_inputs(self, step: Step) -> tuple:
-        hardware, train = self.hardware, self.train
-        if hardware.accelerator != "cpu":
-            return None, 0, False, 0, "a GPU runs torch's fused attention kernels"
-        if not CAPABILITIES[train.backend].chooses_attention:
-            return None, 0, False, 0, f"train.backend {train.backend} loads the model itself"
+    def attention_ruled_out(self, step: Step) -> str | None:
+        """Why the model's default attention stays without measuring, if it does."""
+        if self.hardware.accelerator != "cpu":
+            return "a GPU runs torch's fused attention kernels"
+        if not CAPABILITIES[self.train.backend].chooses_attention:
+            return f"train.backend {self.train.backend} loads the model itself"
         if step.packed:
-            return None, 0, False, 0, "packed micro-batches attend block by block, which the probe does not measure"
-        default, config = attentions.model_attention(str(self.model_dir), self.trust_remote_code)
-        if default != "sdpa":
-            return None, 0, False, 0, f"{default}, as the model's class does not support sdpa"
-        shape = attentions.shape(config, step.rows, self.trained_len or step.seq_len, step.precision)
-        cpus = max(1, cpu_count(hardware) // hardware.processes)
-        return shape, config.num_hidden_layers, step.checkpointing, cpus, None
+            return "packed micro-batches attend block by block, which the probe does not measure"
+        default = attentions.model_attention(str(self.model_dir), self.trust_remote_code)[0]
+        return None if default == "sdpa" else f"{default}, as the model's class does not support sdpa"
+
+    def text_config(self):
+        return attentions.model_attention(str(self.model_dir), self.trust_remote_code)[1]
 
     def breakdown(self, step: Step, strategy: str) -> dict[str, int]:
         """Peak bytes on one device, by kind, with FSDP's sharding applied; for GRPO, those of the larger of the
@@ -482,8 +484,8 @@ def attention_figures(planner: Planner, step: Step) -> Attention:
     """plan.json's `attention`: the decision for the chosen step, or why a preferred eager step was not taken."""
     decision = planner.attention(step)[0]
     if decision.implementation == "eager" and not step.attention:
-        return decision.model_copy(update={"implementation": None,
-                                           "reason": f"the model's default: eager's step would not fit ({decision.reason})"})
+        reason = f"the model's default: eager's step would not fit ({decision.reason})"
+        return decision.model_copy(update={"implementation": None, "reason": reason})
     return decision
 
 

@@ -147,13 +147,19 @@ def faster(old: dict[str, float], new: dict[str, float], figure: str = "matmul_f
 
 
 def cpu_name() -> str:
+    """The CPU as /proc/cpuinfo names it, with its family, model and stepping where it gives them: a virtual machine's
+    model name can be generic ("AMD EPYC" on two generations of host, whose bf16 probes differ 2x: BENCHMARKS.md,
+    "Attention on the CPU"), and a home folder shared by a cluster's nodes holds one record for all of them."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                      if ":" in line)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        fields = {}
+    fields = {name.strip(): value.strip() for name, value in fields.items()}
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    generation = ", ".join(f"{name} {fields[name]}" for name in ("cpu family", "model", "stepping") if name in fields)
+    return f"{fields['model name']} ({generation})" if generation else fields["model name"]
 
 
 def significant(value: float, digits: int = 2) -> float:

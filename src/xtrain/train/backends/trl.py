@@ -299,9 +299,10 @@ def train_and_save(job: TrainJob, placement: Placement) -> TrainResult:
     quantized = {"quantization_config": BitsAndBytesConfig(**settings["quantization"]),
                  "device_map": quantized_device_map(placement)} if settings["quantization"] else {}
     # The plan's attention (plan.attention): eager where the CPU measured it faster at the run's shape.
-    attention = plan.attention.implementation if plan.attention else None
+    eager = plan.attention is not None and plan.attention.implementation == "eager"
+    attention = {"attn_implementation": "eager"} if eager else {}
     model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=dtype, trust_remote_code=job.trust_remote_code,
-                                                 **quantized, **({"attn_implementation": attention} if attention else {}))
+                                                 **quantized, **attention)
     if quantized:
         import bitsandbytes
 
