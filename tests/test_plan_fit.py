@@ -208,3 +208,19 @@ def test_only_an_explicit_refresh_measures_again_and_keeps_the_faster(tmp_path, 
     report = probe.refresh()  # slower while busy: the faster record is kept
     assert "looks busy" in report[0] and "kept the recorded" in report[1]
     assert probe.cached_cpu_probe("fp32", 64, 2)["matmul_flops"] == 9.0e9
+
+
+def test_the_cpu_is_named_with_its_family_model_and_stepping(monkeypatch):
+    """Two host generations that both call themselves "AMD EPYC" (bf16 probes 2x apart) keep separate records."""
+    from types import SimpleNamespace
+
+    def cpuinfo(family: int) -> str:
+        core = f"vendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nstepping\t: 1\n"
+        return f"processor\t: 0\n{core}\nprocessor\t: 1\n{core}"
+
+    names = []
+    for family in (25, 26):
+        text = cpuinfo(family)
+        monkeypatch.setattr(probe, "Path", lambda path: SimpleNamespace(read_text=lambda: text))
+        names.append(probe.cpu_name())
+    assert names == ["AMD EPYC (cpu family 25, model 2, stepping 1)", "AMD EPYC (cpu family 26, model 2, stepping 1)"]
