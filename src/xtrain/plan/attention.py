@@ -2,8 +2,8 @@
 attention (matmul, softmax, matmul), whichever this machine measures faster at the run's shape.
 
 On the CPU the fused kernel is not always the faster: on this 2-core EPYC (bf16, LoRA, BENCHMARKS.md, "Attention on
-the CPU") eager trained the 27M Llama's rows of 256 and 512 tokens 8% and 15% faster and SmolLM2-135M's 9% and 12%,
-and both models' rows of 1,024 tokens or more slower. Eager holds each layer's attention probabilities
+the CPU") eager trained the 27M Llama's rows of 256 and 512 tokens 6-9% and 9-14% faster and SmolLM2-135M's 10-14%
+and 11-17%, both models' rows of 1,024 about as fast, and of 2,048 5-20% slower. Eager holds each layer's attention probabilities
 (rows × heads × length²) for the backward, so memory decides too: the planner takes eager only where its traced step
 fits.
 
