@@ -63,12 +63,12 @@ def step_seconds(model_dir: str, implementation: str, length: int) -> float:
 def probe(model_dir: str, length: int) -> tuple[float, float]:
     """The plan's attention seconds for a micro-step of this shape: (sdpa, eager)."""
     from xtrain.plan import attention
+    from xtrain.plan.generation import attention_shape
 
-    _, config = attention.model_attention(model_dir, False)
-    shape = attention.shape(config, TOKENS // length, length, "bf16")
+    heads = attention_shape(model_dir, False)
+    shape = attention.shape(heads, TOKENS // length, length, "bf16")
     measured = attention.cached_seconds(shape, os.cpu_count() or 1)  # the planner's threads: every core
-    return tuple(attention.Seconds(*measured[kind]).micro_step(config.num_hidden_layers, False)
-                 for kind in ("sdpa", "eager"))
+    return tuple(attention.Seconds(*measured[kind]).micro_step(heads.layers, False) for kind in ("sdpa", "eager"))
 
 
 def measure(model_dir: Path, implementation: str, length: int) -> float:

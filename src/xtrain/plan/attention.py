@@ -3,9 +3,9 @@ attention (matmul, softmax, matmul), whichever this machine measures faster at t
 
 On the CPU the fused kernel is not always the faster: on this 2-core EPYC (bf16, LoRA, BENCHMARKS.md, "Attention on
 the CPU") eager trained the 27M Llama's rows of 256 and 512 tokens 6-9% and 9-14% faster and SmolLM2-135M's 10-14%
-and 11-17%, both models' rows of 1,024 about as fast, and of 2,048 5-20% slower. Eager holds each layer's attention probabilities
-(rows × heads × length²) for the backward, so memory decides too: the planner takes eager only where its traced step
-fits.
+and 11-17%, both models' rows of 1,024 about as fast, and of 2,048 5-20% slower. Eager holds each layer's attention
+probabilities (rows × heads × length²) for the backward, so memory decides too: the planner takes eager only where its
+traced step fits.
 
 The probe times one layer's attention forward, and forward with backward, under each implementation, with
 transformers' own attention functions on random query, key and value tensors of the run's shape (micro-batch rows,
@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 from ..errors import XtrainError
 from .probe import FIXED, cache_file, cpu_name, read_cache, seconds_per_call, significant, write_cache
+from .generation import Heads
 from .schema import Attention
 
 CACHE = "cpu-attention.json"
@@ -63,12 +64,9 @@ class Seconds(NamedTuple):
         return layers * (self.forward * (2 if checkpointing else 1) + self.backward)
 
 
-def shape(config, rows: int, length: float, precision: str) -> Shape:
-    """The attention shape of `rows` rows of `length` tokens for a transformers text config."""
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return Shape(rows, heads, kv_heads, head_dim, max(1, round(length)), precision)
+def shape(heads: Heads, rows: int, length: float, precision: str) -> Shape:
+    """The attention shape of `rows` rows of `length` tokens for the model's heads (`generation.attention_shape`)."""
+    return Shape(rows, heads.heads, heads.kv_heads, heads.head_dim, max(1, round(length)), precision)
 
 
 def ruled_out(why: str) -> tuple[Attention, float]:
@@ -173,15 +171,13 @@ def measure(shape: Shape, cpus: int) -> dict[str, Seconds]:
 
 
 @functools.lru_cache(maxsize=8)
-def model_attention(model_dir: str, trust_remote_code: bool) -> tuple[str, object]:
-    """The attention transformers gives the model by default ("sdpa" where its class supports torch's kernel), and
-    its text config."""
+def default_attention(model_dir: str, trust_remote_code: bool) -> str:
+    """The attention transformers gives the model by default ("sdpa" where its class supports torch's kernel)."""
     from ..recipe import Train
     from .model import meta_model
 
-    config = meta_model(Path(model_dir), Train(method="full"), trust_remote_code=trust_remote_code).config
-    return config._attn_implementation, config.get_text_config()
-
+    model = meta_model(Path(model_dir), Train(method="full"), trust_remote_code=trust_remote_code)
+    return model.config._attn_implementation
 
 if __name__ == "__main__":  # one measurement, in the train job's environment (`measured`)
     arguments = json.loads(sys.argv[1])

@@ -26,6 +26,7 @@ import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ..recipe import Rl, Train
 from .memory import BYTES, Step, torch_dtype
@@ -77,20 +78,28 @@ def sampling(rl: Rl, micro_batch: int, accumulation: int, prompt_tokens: int) ->
                     accumulation / steps_per_generation, accumulation % steps_per_generation != 0)
 
 
+class Heads(NamedTuple):
+    """The model's attention, from its config.json."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
 @functools.lru_cache(maxsize=32)
-def attention_shape(model_dir: str, trust_remote_code: bool) -> tuple[int, int, int]:
-    """(layers, key-value heads, head dim) from the model's config.json."""
+def attention_shape(model_dir: str, trust_remote_code: bool) -> Heads:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code).get_text_config()
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return config.num_hidden_layers, kv_heads, head_dim
+    return Heads(config.num_hidden_layers, heads, kv_heads, head_dim)
 
 
 def kv_cache_bytes(model_dir: Path, trust_remote_code: bool, batch: Sampling, weights_dtype: str) -> int:
-    layers, kv_heads, head_dim = attention_shape(str(model_dir), trust_remote_code)
+    layers, _, kv_heads, head_dim = attention_shape(str(model_dir), trust_remote_code)
     return batch.completions * batch.tokens * layers * 2 * kv_heads * head_dim * BYTES[weights_dtype]
 
 
@@ -150,7 +159,7 @@ def _forward_trace(model_dir: str, method: str, lora: str | None, weights_dtype:
     embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) - (
         embedding.numel() * embedding.element_size() if embedding is not head else 0)
-    layers, kv_heads, head_dim = attention_shape(model_dir, trust_remote_code)
+    layers, _, kv_heads, head_dim = attention_shape(model_dir, trust_remote_code)
     rows = 2
     with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
         model = model.to_empty(device="cpu").eval()

@@ -97,7 +97,8 @@ class Planner:
         if step not in self.decisions:
             why_not = self.attention_ruled_out(step)
             self.decisions[step] = attentions.ruled_out(why_not) if why_not else attentions.decide(
-                attentions.shape(self.text_config(), step.rows, self.trained_len or step.seq_len, step.precision),
+                attentions.shape(generation.attention_shape(str(self.model_dir), self.trust_remote_code), step.rows,
+                                 self.trained_len or step.seq_len, step.precision),
                 self.params["layers"], step.checkpointing, max(1, cpu_count(self.hardware) // self.hardware.processes))
         return self.decisions[step]
 
@@ -109,11 +110,8 @@ class Planner:
             return f"train.backend {self.train.backend} loads the model itself"
         if step.packed:
             return "packed micro-batches attend block by block, which the probe does not measure"
-        default = attentions.model_attention(str(self.model_dir), self.trust_remote_code)[0]
+        default = attentions.default_attention(str(self.model_dir), self.trust_remote_code)
         return None if default == "sdpa" else f"{default}, as the model's class does not support sdpa"
-
-    def text_config(self):
-        return attentions.model_attention(str(self.model_dir), self.trust_remote_code)[1]
 
     def breakdown(self, step: Step, strategy: str) -> dict[str, int]:
         """Peak bytes on one device, by kind, with FSDP's sharding applied; for GRPO, those of the larger of the
