@@ -179,7 +179,7 @@ def run_steps(model_dir, objective, method, checkpointing, seq_len, precision, s
     reference = reference or reference_copy(model_dir, objective, method)
     rows = BATCH * (2 if objective == "dpo" else 1)  # a DPO pair is two sequences
     ids = torch.randint(0, model.config.vocab_size, (rows, seq_len))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], fused=True)
     for _ in range(steps):
         started = time.perf_counter()
         training_step(model, optimizer, ids, precision, objective, reference)
@@ -196,7 +196,7 @@ def predict(model_dir: Path, objective: str, method: str, checkpointing: bool, s
     train = Train(method=method, objective=objective)
     params = count_parameters(model_dir, train)
     sequences = 2 if objective == "dpo" else 1
-    step = Step(BATCH, seq_len, precision, "fp32", checkpointing, foreach=False, sequences=sequences)
+    step = Step(BATCH, seq_len, precision, "fp32", checkpointing, sequences=sequences)
     planner = Planner(model_dir, train, Hardware(), params, sequences=sequences)
     seconds, _ = planner.seconds_per_micro_step(step, BATCH * sequences * seq_len)
     estimates = {}

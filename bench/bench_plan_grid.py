@@ -52,7 +52,7 @@ def tokens_per_second(model_dir: Path, method: str, precision: str, micro: int, 
 
     torch.manual_seed(0)
     model = load(model_dir, method, checkpointing)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], fused=True)
     runnable = torch.compile(model) if compiled else model
     ids = torch.randint(0, model.config.vocab_size, (micro, SEQ))
     seconds, started = [], time.perf_counter()

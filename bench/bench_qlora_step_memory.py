@@ -46,7 +46,7 @@ def real_step(model_dir: Path, train, micro: int, seq_len: int) -> dict[str, int
                 parameter.data = parameter.data.to(torch.bfloat16)
     model.train()
     ids = torch.randint(10, 1000, (micro, seq_len))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], fused=True)
     tracker = TrainableMemTracker()
     tracker.track_external(model, optimizer)
     with tracker:
@@ -78,7 +78,7 @@ def main() -> None:
             model_dir = model_with_tokenizer(Path(folder))
         else:
             model_dir = ROOT / "models/SmolLM2-135M-Instruct"
-        step = Step(args.micro, args.seq_len, "bf16", "fp32", checkpointing=False, foreach=False)
+        step = Step(args.micro, args.seq_len, "bf16", "fp32", checkpointing=False)
         print(f"{args.model}, micro-batch {args.micro} × {args.seq_len} tokens, bf16 autocast (MiB)\n")
         print("| method | term | real step | plan | plan / real |")
         print("| --- | --- | --- | --- | --- |")

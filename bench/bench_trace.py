@@ -57,11 +57,9 @@ def grid(big: bool):
                 for packed, sequences, micro in ((False, 1, 2), (True, 1, 2), (False, 2, 1)):
                     if big and packed:
                         continue
-                    for foreach in (True,) if big else (False, True):
-                        step = Step(micro, 64 if big else 128, precision, weights, checkpointing, foreach, sequences,
-                                    packed)
-                        for layers in (2, 3) if big else (None, 2, 3):
-                            yield method, step, layers
+                    step = Step(micro, 64 if big else 128, precision, weights, checkpointing, sequences, packed)
+                    for layers in (2, 3) if big else (None, 2, 3):
+                        yield method, step, layers
 
 
 def run(out: Path) -> None:

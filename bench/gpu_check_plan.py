@@ -85,7 +85,7 @@ def predicted(model_dir: Path, method: str, micro: int, seq_len: int, checkpoint
 
 
 def measured(model_dir: Path, method: str, step) -> dict:
-    """Three real steps as the plan lays them out (weights dtype, autocast, checkpointing, foreach AdamW)."""
+    """Three real steps as the plan lays them out (weights dtype, autocast, checkpointing, fused AdamW)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -102,7 +102,7 @@ def measured(model_dir: Path, method: str, step) -> dict:
         if method == "lora":
             model.enable_input_require_grads()
     model.train()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], fused=True)
     ids = torch.randint(0, model.config.vocab_size, (step.micro_batch, step.seq_len), device="cuda")
     autocast = torch.autocast("cuda", dtype=torch_dtype(step.precision)) if step.precision != "fp32" else nullcontext()
     started = None

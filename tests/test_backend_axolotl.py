@@ -300,7 +300,7 @@ def test_axolotls_loader_accepts_the_translation_and_reads_every_field_as_meant(
                 assert cfg[key] == config[key], key
         assert cfg["num_epochs"] == train.epochs
         assert cfg["lr_scheduler"] == train.lr_scheduler
-        assert cfg["optimizer"] == "adamw_torch"
+        assert cfg["optimizer"] == "adamw_torch_fused"
         assert (cfg.get("adapter") == "lora") == (train.method == "lora")
         assert (cfg.get("rl") or "sft") == train.objective
         if "trl" in config:  # GRPO: Axolotl's TRL section reads every key as written

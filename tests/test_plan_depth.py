@@ -37,11 +37,11 @@ def assert_same_step(model_dir: str, method: str, lora: str | None, step: Step, 
 
 
 TINY_STEPS = [  # (method, step): full fine-tune and LoRA, with and without checkpointing, on the CPU and GPU paths
-    ("full", Step(2, 64, "fp32", "fp32", False, False)),
-    ("full", Step(2, 64, "bf16", "fp32", True, True)),
-    ("lora", Step(2, 64, "bf16", "bf16", False, True)),
-    ("lora", Step(1, 64, "fp32", "fp32", True, False, sequences=2)),  # a DPO pair
-    ("lora", Step(2, 64, "bf16", "bf16", True, True, packed=True)),
+    ("full", Step(2, 64, "fp32", "fp32", False)),
+    ("full", Step(2, 64, "bf16", "fp32", True)),
+    ("lora", Step(2, 64, "bf16", "bf16", False)),
+    ("lora", Step(1, 64, "fp32", "fp32", True, sequences=2)),  # a DPO pair
+    ("lora", Step(2, 64, "bf16", "bf16", True, packed=True)),
 ]
 
 
@@ -59,15 +59,15 @@ def test_a_truncated_llama_8b_extrapolates_to_the_trace_of_every_layer(tmp_path,
     """Llama-3.1-8B's published config cut to 4 and 6 layers (its 128k vocabulary's logits set the peak against a
     few layers), as the GPU recipes plan it: LoRA in bf16, a full fine-tune with checkpointing."""
     model_dir = deepened(published_config("Llama-3.1-8B-Instruct"), layers, tmp_path / "llama")
-    assert_same_step(model_dir, "lora", LORA, Step(1, 512, "bf16", "bf16", False, True), layers)
-    assert_same_step(model_dir, "full", None, Step(1, 512, "bf16", "fp32", True, True), layers)
+    assert_same_step(model_dir, "lora", LORA, Step(1, 512, "bf16", "bf16", False), layers)
+    assert_same_step(model_dir, "full", None, Step(1, 512, "bf16", "fp32", True), layers)
 
 
 def test_the_plan_extrapolates_a_deep_model_and_traces_a_shallow_one_whole(tiny_model, tmp_path, monkeypatch):
     """`traced` (what the planner calls) traces only the shallow copies of a model deeper than the SHALLOW depths
     together, and a shallower model whole; QLoRA's 4-bit accounting applies to the extrapolated LoRA step."""
     config = json.loads((tiny_model / "config.json").read_text())
-    step = Step(2, 64, "bf16", "bf16", False, True)
+    step = Step(2, 64, "bf16", "bf16", False)
     depths = []
 
     def spy(*args):
@@ -101,7 +101,7 @@ def test_a_model_whose_layers_differ_is_traced_whole_and_says_so(tiny_model, tmp
     model_dir = deepened(config, 8, tmp_path / change["model_type"])
     assert reason in layer_stack(model_dir, "lora", LORA, False).differs
     if change["model_type"] == "qwen2":  # (MoE routing is data-dependent: fake tensors cannot trace it at all)
-        step = Step(1, 64, "fp32", "fp32", False, False)
+        step = Step(1, 64, "fp32", "fp32", False)
         with caplog.at_level(logging.INFO, logger="xtrain.plan.memory"):
             assert depth_traced(model_dir, "lora", LORA, step, False) == _traced(model_dir, "lora", LORA, step,
                                                                                   False).trace

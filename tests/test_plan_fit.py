@@ -85,10 +85,10 @@ def test_advises_how_many_gpus_fsdp_needs_and_that_many_fit(weighty):
     message = refusal(weighty, manifest(), Train(method="full", global_batch_size=1), gpu(memory))
     devices = int(re.search(r"(\d+) GPUs in all, with FSDP", message).group(1))
     assert 2 <= devices <= 4
-    plan = make_plan(weighty, manifest(), Train(method="full", global_batch_size=2 * devices), gpu(memory, devices))
+    plan = make_plan(weighty, manifest(), Train(method="full", global_batch_size=devices), gpu(memory, devices))
     assert plan.layout.strategy == "fsdp"
     if devices > 2:  # the advice is the smallest count: one GPU fewer still does not fit
-        refusal(weighty, manifest(), Train(method="full", global_batch_size=2 * (devices - 1)), gpu(memory, devices - 1))
+        refusal(weighty, manifest(), Train(method="full", global_batch_size=devices - 1), gpu(memory, devices - 1))
 
 
 def test_advises_the_smallest_larger_gpu_model(tiny):
@@ -116,7 +116,7 @@ def test_trace_on_fake_tensors_matches_the_same_step_on_real_tensors(tiny, metho
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    step = Step(micro_batch=4, seq_len=64, precision="fp32", weights_dtype="fp32", checkpointing=False, foreach=False)
+    step = Step(micro_batch=4, seq_len=64, precision="fp32", weights_dtype="fp32", checkpointing=False)
     train = Train(method=method, lora={"dropout": 0.0} if method == "lora" else None)
     predicted = sum(traced(tiny, train, step).breakdown.values())
 
@@ -125,7 +125,7 @@ def test_trace_on_fake_tensors_matches_the_same_step_on_real_tensors(tiny, metho
         model = get_peft_model(model, LoraConfig(**train.lora.peft_kwargs()))
     model.train()
     ids = torch.randint(0, model.config.vocab_size, (4, 64))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], fused=True)
     tracker = TrainableMemTracker()
     tracker.track_external(model, optimizer)
     with tracker:
@@ -151,7 +151,7 @@ def test_a_model_the_trace_cannot_run_falls_back_to_the_analytical_estimator(tin
 
 
 def test_traced_flops_are_six_n_per_token_for_a_full_fine_tune(weighty):
-    step = Step(1, 128, "bf16", "fp32", False, True)
+    step = Step(1, 128, "bf16", "fp32", False)
     params = count_parameters(weighty, Train(method="full"))
     flops = traced(weighty, Train(method="full"), step).flops / 128
     # 6·N for the weights that do matmuls (the embedding lookup does none), plus causal attention.

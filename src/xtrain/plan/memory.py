@@ -9,7 +9,8 @@ pass counts the step's FLOPs (`torch.utils.flop_counter`'s formulas) and dispatc
 logits); it needs no model code and is the fallback and the cross-check.
 
 Both describe the device the plan targets, not the machine running the plan: GPU steps are traced on
-CPU fakes with the GPU's precision and AdamW's multi-tensor (`foreach`) path.
+CPU fakes with the GPU's precision. AdamW is torch's fused kernel, as every backend runs it
+(`train.backends.contract.ADAMW`).
 
 A trace's cost grows with the model's depth (80 layers for a 70B), so a deep model whose decoder layers are identical
 copies is traced at two shallow depths and its figures extrapolated, exactly, in the layer count (`extrapolated`).
@@ -44,7 +45,6 @@ class Step:
     precision: str  # autocast dtype: fp32 (no autocast), bf16 or fp16
     weights_dtype: str  # dtype the frozen weights are held in; trainable ones are always fp32
     checkpointing: bool
-    foreach: bool  # AdamW's multi-tensor path, as torch picks it on GPUs
     sequences: int = 1  # sequences per row: a DPO pair is two (prompt + chosen, prompt + rejected) in one batch
     # Packed rows train padding-free: a micro-batch is one sequence of rows x seq_len tokens whose attention is masked
     # block by block, so attention spans the whole flattened length.
@@ -181,7 +181,7 @@ def _traced(model_dir: str, method: str, lora: str | None, step: Step, trust_rem
         ids = torch.zeros((1, step.rows * step.seq_len) if step.packed else (step.rows, step.seq_len), dtype=torch.long)
         positions = {"position_ids": torch.arange(step.seq_len).repeat(step.rows)[None]} if step.packed else {}
         trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, foreach=step.foreach)
+        optimizer = torch.optim.AdamW(trainable, fused=True)
         # The steady state is a step with AdamW's states held throughout. AdamW makes them at its first step, so an
         # untraced step on zero gradients makes them here. Tracing two steps instead took twice as long, and counted
         # a tensor the tracker keeps from the first (one hidden state per row; no real step holds it).

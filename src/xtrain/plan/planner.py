@@ -442,8 +442,8 @@ def first_step(planner: Planner, precision: str, micro: int, seq_len: int, check
     hardware = planner.hardware
     # Full fine-tunes keep fp32 master weights; LoRA holds the frozen base in the GPU's 16-bit dtype.
     weights = precision if planner.train.adapters and hardware.accelerator != "cpu" else "fp32"
-    return Step(micro, seq_len, precision, weights, checkpointing, foreach=hardware.accelerator != "cpu",
-                sequences=planner.sequences, packed=planner.packed, accumulating=planner.per_device > micro)
+    return Step(micro, seq_len, precision, weights, checkpointing, sequences=planner.sequences, packed=planner.packed,
+                accumulating=planner.per_device > micro)
 
 
 def choose_layout(planner: Planner, precision: str, per_device: int, seq_len: int) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ from ...recipe import Hardware, Reward, Train
 from ...stage import run_command
 from .. import tracking
 from .capabilities import CAPABILITIES
-from .contract import PLANNED_HARDWARE, TrainJob, TrainResult, save_steps
+from .contract import ADAMW, PLANNED_HARDWARE, TrainJob, TrainResult, save_steps
 from .distributed import decoder_blocks, found_device, slurm_placeholders, torchrun_command
 from .preference_text import export_text
 from .trl_grpo import reward_specs, sampling_and_loss
@@ -215,7 +215,7 @@ def axolotl_config(job: TrainJob, dataset: Path) -> dict[str, Any]:
         "learning_rate": train.learning_rate,
         "lr_scheduler": train.lr_scheduler,
         "warmup_ratio": train.warmup_ratio,
-        "optimizer": "adamw_torch",
+        "optimizer": ADAMW,
         "weight_decay": train.weight_decay,
         "max_grad_norm": train.max_grad_norm,
         "seed": train.seed,

@@ -24,7 +24,7 @@ from ...errors import XtrainError
 from ...recipe import DATA_KINDS, Train
 from .. import tracking
 from . import guards
-from .contract import PLANNED_HARDWARE, TrainJob, TrainResult
+from .contract import ADAMW, PLANNED_HARDWARE, TrainJob, TrainResult
 from .distributed import decoder_blocks
 from .trl_grpo import GRPO_FIELDS, grpo_arguments, prompt_columns, reward_functions, reward_specs
 from .validation import device_probe, validated
@@ -221,7 +221,7 @@ def sft_arguments(job: TrainJob, placement: Placement, packed: bool, fsdp: bool 
         warmup_steps=train.warmup_ratio,
         weight_decay=train.weight_decay,
         max_grad_norm=train.max_grad_norm,
-        optim="adamw_torch",
+        optim=ADAMW,
         seed=train.seed,
         data_seed=train.seed,
         # Packed rows already fit seq_len, and TRL refuses max_length with padding-free batches.
