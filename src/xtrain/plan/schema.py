@@ -121,7 +121,7 @@ class Time(Section):
     ops_per_micro_step: int = Field(description="aten ops one micro-step dispatches (from the trace; 0 for analytical)")
     device_flops: float = Field(
         description="matmul FLOP/s one device reaches in training: GPU peak × MFU (0.4 CUDA, 0.35 ROCm), or the CPU "
-        "probe × 0.75 fp32 / 0.38 bf16 (0.53 for a bf16 full fine-tune; a CPU device: one process, with cores / `hardware.processes` threads)"
+        "probe × 0.75 fp32 / 0.38 bf16 (0.42 for a bf16 full fine-tune; a CPU device: one process, with cores / `hardware.processes` threads)"
     )
     op_seconds: float = Field(description="cost of one dispatched op: 8 µs on GPUs; on CPUs the probed bare op × 4")
     throughput_source: str = Field(description="where `device_flops` came from")
