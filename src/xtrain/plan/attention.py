@@ -9,14 +9,19 @@ traced step fits.
 
 The probe times one layer's attention forward, and forward with backward, under each implementation, with
 transformers' own attention functions on random query, key and value tensors of the run's shape (micro-batch rows,
-heads, key-value heads, head dimension, the trained rows' mean length) in its precision, best of five windows, in a
-process under the allocator the train job gets: eager allocates each layer's length² scores anew, and glibc, which
-returns such blocks to the system at every free, made it read 2-5x slower than the train job then ran it. It is
+heads, key-value heads, head dimension, length) in its precision, best of five windows, in a process under the
+allocator the train job gets: eager allocates each layer's length² scores anew, and glibc, which returns such blocks
+to the system at every free, made it read 2-5x slower than the train job then ran it. It is
 measured once per machine, thread count, torch version, allocator and shape and recorded beside the CPU probe
 (`$XDG_CACHE_HOME/xtrain/cpu-attention.json`), so a plan made twice is the same plan. Delete the file to measure
 again. `XTRAIN_CPU_ATTENTION="<sdpa forward>,<sdpa backward>,<eager forward>,<eager backward>"` (seconds per layer)
 gives fixed figures for every shape instead; under `XTRAIN_CPU_PROBE` without it (fixed figures for another machine,
 as the tests plan) nothing is measured and the model's default stays.
+
+The lengths: where the backend sends rows length-grouped, each batch is about as long as its rows, and attention's
+cost grows with the square of a batch's length; the probe measures each of LENGTH_SHARES equal shares of the trained
+rows at its root-mean-square length (from the split's length histogram) and takes the mean over the shares, so a
+long tail of rows, where eager is slower, counts. Otherwise it measures at the trained rows' mean length.
 
 The plan's step time keeps the default's trace (which the CPU rates were fitted on) and adds the measured
 difference: (eager − default) per layer, the forward counted twice under gradient checkpointing.
@@ -40,6 +45,7 @@ from .schema import Attention
 CACHE = "cpu-attention.json"
 FIXED_ATTENTION = "XTRAIN_CPU_ATTENTION"
 WINDOW_SECONDS = 0.05  # per window, five windows per figure
+LENGTH_SHARES = 3  # length-grouped rows are measured at this many lengths, each an equal share of them
 
 
 class Shape(NamedTuple):
@@ -74,16 +80,21 @@ def ruled_out(why: str) -> tuple[Attention, float]:
     return Attention(implementation=None, reason=f"the model's default: {why}"), 0.0
 
 
-def decide(shape: Shape, layers: int, checkpointing: bool, cpus: int) -> tuple[Attention, float]:
-    """The implementation a micro-step of this shape trains with, and its seconds over the default's (0 or less)."""
+def decide(shapes: list[Shape], layers: int, checkpointing: bool, cpus: int) -> tuple[Attention, float]:
+    """The implementation the micro-steps of these shapes (one length each, an equal share of the steps) train with,
+    and its mean seconds a micro-step over the default's (0 or less)."""
     if os.environ.get(FIXED) and not os.environ.get(FIXED_ATTENTION):
         return ruled_out(f"{FIXED} gives fixed probe figures and {FIXED_ATTENTION} none: attention is not measured")
     fixed = os.environ.get(FIXED_ATTENTION)
-    measured = fixed_seconds(fixed) if fixed else cached_seconds(shape, cpus)
-    default, eager = (Seconds(*measured[kind]).micro_step(layers, checkpointing) for kind in ("sdpa", "eager"))
+    measured = [fixed_seconds(fixed) if fixed else cached_seconds(shape, cpus) for shape in shapes]
+    default, eager = (sum(Seconds(*figures[kind]).micro_step(layers, checkpointing) for figures in measured)
+                      / len(shapes) for kind in ("sdpa", "eager"))
     figures = {"default_seconds": round(default, 4), "eager_seconds": round(eager, 4)}
-    where = (f"{shape.rows} rows of {shape.length} tokens, {shape.heads} heads ({shape.kv_heads} key-value) of "
-             f"{shape.head_dim}, {shape.precision}, {layers} layers")
+    shape = shapes[0]
+    lengths = " / ".join(str(shape.length) for shape in shapes)
+    where = (f"{shape.rows} rows of {lengths} tokens{', a share of the steps each' if len(shapes) > 1 else ''}, "
+             f"{shape.heads} heads ({shape.kv_heads} key-value) of {shape.head_dim}, {shape.precision}, "
+             f"{layers} layers")
     if eager < default:
         reason = f"eager: {eager:.3f} s against sdpa's {default:.3f} s a micro-step ({where})"
         return Attention(implementation="eager", **figures, reason=reason), eager - default

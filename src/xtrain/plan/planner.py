@@ -86,7 +86,9 @@ class Planner:
     packed: bool = False  # the prepared rows are packed: each micro-batch trains as one padding-free sequence
     per_device: int = 0  # sequences per device per optimizer step (global batch / devices)
     prompt_tokens: int = 0  # GRPO: the longest prompt, which completions are sampled after
-    trained_len: float = 0.0  # the mean length of the rows the run's steps train on (the attention probe's)
+    # The row lengths the attention probe measures a micro-step at, each for an equal share of the rows the run trains
+    # on (`trained_lengths`); none: the step's seq_len.
+    attention_lengths: tuple[float, ...] = ()
     memory_allocator: str = field(default_factory=lambda: allocator.for_train_job())  # what the train job runs under
     decisions: dict = field(default_factory=dict, repr=False)  # attention's, by the step built with the default
 
@@ -96,10 +98,12 @@ class Planner:
         step = replace(step, attention=None)
         if step not in self.decisions:
             why_not = self.attention_ruled_out(step)
+            heads = generation.attention_shape(str(self.model_dir), self.trust_remote_code)
+            shapes = [attentions.shape(heads, step.rows, length, step.precision)
+                      for length in self.attention_lengths or (step.seq_len,)]
             self.decisions[step] = attentions.ruled_out(why_not) if why_not else attentions.decide(
-                attentions.shape(generation.attention_shape(str(self.model_dir), self.trust_remote_code), step.rows,
-                                 self.trained_len or step.seq_len, step.precision),
-                self.params["layers"], step.checkpointing, max(1, cpu_count(self.hardware) // self.hardware.processes))
+                shapes, self.params["layers"], step.checkpointing,
+                max(1, cpu_count(self.hardware) // self.hardware.processes))
         return self.decisions[step]
 
     def attention_ruled_out(self, step: Step) -> str | None:
@@ -241,7 +245,7 @@ def make_plan(
         longest, mean_len = min(longest + completion, manifest["seq_len"]), mean_len + completion
     steps = train.max_steps or math.ceil(math.ceil(data["rows"] / train.global_batch_size) * train.epochs)
     trained_len = trained_rows_mean_length(train, planner.packed, data, mean_len, longest, steps)
-    planner.trained_len = trained_len
+    planner.attention_lengths = trained_lengths(train, planner.packed, data, trained_len, longest)
 
     candidates_precisions = precisions(hardware, train.backend)
     candidates = fitting_steps(planner, candidates_precisions, per_device, longest, trained_len)
@@ -313,8 +317,7 @@ def trained_rows_mean_length(train: Train, packed: bool, data: dict, mean_len: f
                              steps: int) -> float:
     """The mean length of the rows the run's steps train on: the split's, unless the backend sends unpacked SFT rows
     length-grouped and the run stops inside a megabatch, whose first rows are its longest (`row_order`)."""
-    grouped = train.objective == "sft" and not packed and CAPABILITIES[train.backend].groups_by_length
-    if not grouped or "length_histogram" not in data:
+    if not length_grouped(train, packed, data):
         return mean_len
     rows_trained = steps * train.global_batch_size if train.max_steps else round(data["rows"] * train.epochs)
     trained = row_order.trained_mean_length(data["length_histogram"], data["rows"], mean_len, longest, rows_trained,
@@ -323,6 +326,21 @@ def trained_rows_mean_length(train: Train, packed: bool, data: dict, mean_len: f
         log.info("plan: the run's %d steps stop inside a length-grouped megabatch, whose rows go out longest first: "
                  "they average %.0f tokens against the split's %.0f", steps, trained, mean_len)
     return trained
+
+
+def trained_lengths(train: Train, packed: bool, data: dict, trained_len: float, longest: int) -> tuple[float, ...]:
+    """The row lengths the attention probe measures at: where batches are length-grouped, the root-mean-square length
+    of each of LENGTH_SHARES equal shares of the rows (their histogram, averaging the trained rows' mean), as
+    attention's cost grows with the square of each batch's length; otherwise the trained rows' mean."""
+    if not length_grouped(train, packed, data):
+        return (trained_len,)
+    return tuple(row_order.length_shares(data["length_histogram"], trained_len, longest, attentions.LENGTH_SHARES))
+
+
+def length_grouped(train: Train, packed: bool, data: dict) -> bool:
+    """The backend sends unpacked SFT rows length-grouped, and the split's length histogram is known."""
+    return (train.objective == "sft" and not packed and CAPABILITIES[train.backend].groups_by_length
+            and "length_histogram" in data)
 
 
 def with_compile(planner: Planner, step_seconds: float, layout: dict, speed: dict, steps: int, longest: int,

@@ -43,18 +43,44 @@ def expected_min(k: int, population: int, marked: int, sample: int) -> float:
 def top_rows_tokens(histogram: dict, rows: int, mean_len: float, longest: int, k: int, sample: int) -> float:
     """Expected tokens of the k longest rows of a `sample`-row megabatch drawn from a split of `rows` rows whose
     lengths `histogram` counts (in proportion: a sample's histogram serves for its whole split)."""
-    edges, counts = histogram["bin_edges"], histogram["counts"]
-    bins = [(min((low + high) / 2, longest), count) for low, high, count in zip(edges, edges[1:], counts) if count]
+    bins = length_bins(histogram, mean_len, longest)
     counted = sum(count for _, count in bins)
-    scale = mean_len * counted / sum(length * count for length, count in bins)  # the midpoints' mean onto the split's
     tokens, above, taken = 0.0, 0, 0.0
     for length, count in sorted(bins, reverse=True):
         above += count
         # Expected rows among the megabatch's k longest that come from this bin or a longer one.
         through = expected_min(k, rows, round(above / counted * rows), min(sample, rows))
-        tokens += (through - taken) * length * scale
+        tokens += (through - taken) * length
         taken = through
     return tokens
+
+
+def length_bins(histogram: dict, mean_len: float, longest: int) -> list[tuple[float, int]]:
+    """(length, rows) of each bin of the histogram that holds rows: its midpoint (at most the longest row), rescaled
+    so that the bins average `mean_len`."""
+    edges, counts = histogram["bin_edges"], histogram["counts"]
+    bins = [(min((low + high) / 2, longest), count) for low, high, count in zip(edges, edges[1:], counts) if count]
+    scale = mean_len * sum(count for _, count in bins) / sum(length * count for length, count in bins)
+    return [(length * scale, count) for length, count in bins]
+
+
+def length_shares(histogram: dict, mean_len: float, longest: int, shares: int) -> list[float]:
+    """The root-mean-square length of each of `shares` equal shares of the rows, shortest first (the histogram's
+    rows rescaled to average `mean_len`). A length-grouped batch is about as long as each of its rows, and attention's
+    cost grows with the square of a batch's length: a share of the rows costs about what batches of its
+    root-mean-square length would."""
+    bins = sorted(length_bins(histogram, mean_len, longest))
+    share = sum(count for _, count in bins) / shares
+    lengths, rows, squares = [], 0.0, 0.0
+    for length, count in bins:
+        left = float(count)
+        while left > 0:
+            taken = min(left, share - rows)
+            rows, squares, left = rows + taken, squares + taken * length ** 2, left - taken
+            if rows >= share * (1 - 1e-9):
+                lengths.append(math.sqrt(squares / rows))
+                rows, squares = 0.0, 0.0
+    return lengths[:shares]
 
 
 def trained_mean_length(histogram: dict, rows: int, mean_len: float, longest: int, rows_trained: int,
