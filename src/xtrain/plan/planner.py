@@ -98,13 +98,16 @@ class Planner:
         step = replace(step, attention=None)
         if step not in self.decisions:
             why_not = self.attention_ruled_out(step)
-            heads = generation.attention_shape(str(self.model_dir), self.trust_remote_code)
-            shapes = [attentions.shape(heads, step.rows, length, step.precision)
-                      for length in self.attention_lengths or (step.seq_len,)]
             self.decisions[step] = attentions.ruled_out(why_not) if why_not else attentions.decide(
-                shapes, self.params["layers"], step.checkpointing,
+                self.attention_shapes(step), self.params["layers"], step.checkpointing,
                 max(1, cpu_count(self.hardware) // self.hardware.processes))
         return self.decisions[step]
+
+    def attention_shapes(self, step: Step) -> list[attentions.Shape]:
+        """The shapes the attention probe measures this step at: one for each of `attention_lengths`."""
+        heads = generation.attention_shape(str(self.model_dir), self.trust_remote_code)
+        return [attentions.shape(heads, step.rows, length, step.precision)
+                for length in self.attention_lengths or (step.seq_len,)]
 
     def attention_ruled_out(self, step: Step) -> str | None:
         """Why the model's default attention stays without measuring, if it does."""
