@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_plan import ROOT, build_27m
+from bench_plan import ROOT, build_27m, under_train_job_allocator
 
 sys.path.insert(0, str(ROOT / "src"))
 TOKENS = 4096
@@ -72,12 +71,7 @@ def probe(model_dir: str, length: int) -> tuple[float, float]:
 
 
 def measure(model_dir: Path, implementation: str, length: int) -> float:
-    from xtrain.train import allocator
-
-    env = {**os.environ, **allocator.train_job_variables()}
-    result = subprocess.run([sys.executable, __file__, "--measure", str(model_dir), implementation, str(length)],
-                            capture_output=True, text=True, check=True, env=env)
-    return float(result.stdout.strip().splitlines()[-1])
+    return float(under_train_job_allocator(__file__, "--measure", str(model_dir), implementation, str(length)))
 
 
 def main() -> None:

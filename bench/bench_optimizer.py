@@ -12,14 +12,12 @@ allocator; an update's seconds are the median of updates 3-8 (the first makes Ad
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_plan import ROOT, build_27m
+from bench_plan import ROOT, build_27m, under_train_job_allocator
 
 sys.path.insert(0, str(ROOT / "src"))
 SMOLLM2 = ROOT / "models" / "SmolLM2-135M-Instruct"
@@ -47,12 +45,7 @@ def update_seconds(model_dir: str, implementation: str) -> tuple[float, int]:
 
 
 def measure(model_dir: Path, implementation: str) -> tuple[float, int]:
-    from xtrain.train import allocator
-
-    env = {**os.environ, **allocator.train_job_variables()}
-    result = subprocess.run([sys.executable, __file__, "--measure", str(model_dir), implementation],
-                            capture_output=True, text=True, check=True, env=env)
-    seconds, count = result.stdout.split()[-2:]
+    seconds, count = under_train_job_allocator(__file__, "--measure", str(model_dir), implementation).split()
     return float(seconds), int(count)
 
 

@@ -49,6 +49,15 @@ def build_models(folder: Path) -> dict[str, Path]:
     return {"tiny": tiny, "27m": build_27m(folder / "27m")}
 
 
+def under_train_job_allocator(script: str, *arguments: str) -> str:
+    """The last line `script` prints, run with `arguments` in a fresh process under the allocator a train job gets."""
+    from xtrain.train import allocator
+
+    env = {**os.environ, **allocator.train_job_variables()}
+    result = subprocess.run([sys.executable, script, *arguments], capture_output=True, text=True, check=True, env=env)
+    return result.stdout.strip().splitlines()[-1]
+
+
 def build_27m(folder: Path) -> Path:
     """The 27.4M-parameter Llama of FIELD-NOTES' CPU throughput reference, random-init (weights only)."""
     import torch
